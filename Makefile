@@ -1,0 +1,49 @@
+# Two commands do everything on a fresh machine with Python 3.11+ and make:
+#   make course   set up, then open the course in JupyterLab
+#   make test     set up, then run every test (unit tests and nbval)
+# Each recipe calls the virtual environment's own python: activation does not
+# survive from one recipe line to the next.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+
+.PHONY: course test unit nbval notebooks bench reliability clean help
+help:
+	@echo "make course       set up and open the course in JupyterLab"
+	@echo "make test         set up and run every test (unit tests, then nbval on the notebooks)"
+	@echo "make notebooks    re-execute every notebook in place (maintainers)"
+	@echo "make bench        throughput against the SQLite commit limit"
+	@echo "make reliability  crash sweep, fuzzing and stress figures (SOAK=1 for a long run)"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -c "import matplotlib.pyplot"  # build the font cache before any notebook runs
+	touch $(STAMP)
+
+course: $(STAMP)
+	$(PY) -m jupyter lab notebooks/00_overview.ipynb
+
+test: unit nbval
+
+unit: $(STAMP)
+	$(PY) -m pytest tests
+
+nbval: $(STAMP)
+	$(PY) -m pytest $(NBVAL) notebooks
+
+notebooks: $(STAMP)
+	$(PY) .ci/execute_notebooks.py
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py
+
+reliability: $(STAMP)
+	$(PY) benchmarks/reliability.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

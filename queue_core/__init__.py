@@ -1,0 +1,34 @@
+"""queue_core: a reliable queue in one SQLite file, built for a course.
+
+Delivery with a time-limited lease, a fencing ``generation`` checked at the
+ACK, the business effect and the ACK in one transaction, retries with
+backoff, a dead-letter state and redrive.
+
+    >>> from queue_core import Queue, ModelClock, Handler
+    >>> clock = ModelClock(1000)
+    >>> queue = Queue("course.sqlite3", clock=clock, lease_seconds=2)
+
+Importing this package does not import pandas or matplotlib.
+"""
+
+from .clock import Clock, ModelClock, SystemClock
+from .crashpoints import CRASH_EXIT_CODE
+from .errors import (BatchConflict, BatchRejected, IntegrityViolation, InvalidPayload,
+                     LeaseLost, NotRedrivable, QueueError, TransientError, UnknownEvent)
+from .handler import DEFAULT_CATEGORIES, Handler
+from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
+from .queue import Queue, backoff_seconds
+from .values import (Effect, EnqueueResult, Lease, Message, Outcome, State, Status,
+                     Transition)
+from .worker import drain, finish, process_one
+
+__version__ = "1.0.0"
+
+__all__ = [
+    "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "DEFAULT_CATEGORIES",
+    "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation", "InvalidPayload",
+    "Lease", "LeaseLost", "Message", "ModelClock", "NotRedrivable", "Outcome", "Queue",
+    "QueueError", "State", "Status", "SystemClock", "TransientError", "Transition",
+    "UnknownEvent", "backoff_seconds", "canonical_json", "drain", "finish", "parse_batch",
+    "process_one", "read_batch",
+]

@@ -1,0 +1,104 @@
+"""Run a worker in a real, separate OS process, optionally armed to crash.
+
+The course's crashes are real: the child is a new Python interpreter that
+dies by ``os._exit`` at a named crash point, so nothing in it gets to clean
+up, and SQLite alone decides what survives.
+
+    python -m queue_core.child '{"db": "...", "now": 1000, "crash_at": "complete.after_insert"}'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .clock import ModelClock, SystemClock
+from .crashpoints import CRASH_EXIT_CODE, arm
+from .handler import Handler
+from .queue import Queue
+from .values import Effect, Outcome
+from .worker import drain, process_one
+
+_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildResult:
+    """How the child ended and what it reported before that."""
+
+    exit_code: int
+    outcomes: tuple[Outcome, ...]
+
+    @property
+    def crashed(self) -> bool:
+        return self.exit_code == CRASH_EXIT_CODE
+
+
+def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
+              lease_seconds: int = 30, crash_at: str | None = None, mode: str = "one",
+              accept: Sequence[str] = (), batch_size: int = 1,
+              wait: bool = True) -> ChildResult | subprocess.Popen[str]:
+    """Start a worker process on ``db_path``; ``mode`` is ``one`` or ``drain``.
+
+    ``now`` fixes the child's model clock (the system clock if ``None``).
+    With ``wait=False`` the running ``Popen`` is returned; pass it to
+    ``collect`` to get the ``ChildResult``.
+    """
+    if mode not in ("one", "drain"):
+        raise ValueError(f"mode must be 'one' or 'drain', got {mode!r}")
+    spec = {"db": os.fspath(db_path), "now": now, "lease_seconds": lease_seconds,
+            "crash_at": crash_at, "mode": mode, "accept": list(accept),
+            "batch_size": batch_size}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [_PACKAGE_PARENT, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.Popen([sys.executable, "-m", "queue_core.child", json.dumps(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return collect(proc) if wait else proc
+
+
+def collect(proc: subprocess.Popen[str]) -> ChildResult:
+    """Wait for a child started with ``wait=False``; raise if it failed oddly."""
+    out, err = proc.communicate()
+    if proc.returncode not in (0, CRASH_EXIT_CODE):
+        raise RuntimeError(f"worker process exited with {proc.returncode}: {err.strip()}")
+    return ChildResult(proc.returncode, tuple(_outcome(line) for line in out.splitlines()))
+
+
+def _outcome(line: str) -> Outcome:
+    data = json.loads(line)
+    effect = data.pop("effect")
+    return Outcome(**data, effect=Effect(**effect) if effect else None)
+
+
+def _report(outcome: Outcome) -> None:
+    effect = outcome.effect
+    print(json.dumps({"event_id": outcome.event_id, "kind": outcome.kind,
+                      "generation": outcome.generation, "code": outcome.code,
+                      "available_at": outcome.available_at, "detail": outcome.detail,
+                      "effect": None if effect is None else
+                      {"category": effect.category, "amount_cents": effect.amount_cents}}),
+          flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    clock = SystemClock() if spec["now"] is None else ModelClock(spec["now"])
+    queue = Queue(spec["db"], clock=clock, lease_seconds=spec["lease_seconds"])
+    handler = Handler().supporting(*spec["accept"])
+    arm(spec["crash_at"])
+    if spec["mode"] == "one":
+        outcome = process_one(queue, handler)
+        if outcome is not None:
+            _report(outcome)
+    else:
+        drain(queue, handler, batch_size=spec["batch_size"], on_outcome=_report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

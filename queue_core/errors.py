@@ -1,0 +1,93 @@
+"""One small error hierarchy with stable, machine-readable codes.
+
+Every error the package raises on purpose is a ``QueueError`` whose ``code``
+never changes between versions: scripts, tests and the exercise checks compare
+codes, not message text.
+"""
+
+from __future__ import annotations
+
+
+class QueueError(Exception):
+    """Base of every deliberate error; ``code`` is stable, ``str()`` explains."""
+
+    code: str = "queue_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class BatchRejected(QueueError):
+    """The whole input batch was refused before anything was written.
+
+    ``line`` is the 1-based line number in the file, or ``None`` for a
+    file-level problem (too large, too many lines, unreadable).
+    """
+
+    code = "batch_rejected"
+
+    def __init__(self, code: str, message: str, *, line: int | None = None) -> None:
+        super().__init__(message, code=code)
+        self.line = line
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.code}: {self.message}"
+
+
+class BatchConflict(BatchRejected):
+    """An event id arrived again with a different canonical payload."""
+
+    def __init__(self, message: str, *, line: int, event_id: str) -> None:
+        super().__init__("batch_conflict", message, line=line)
+        self.event_id = event_id
+
+
+class LeaseLost(QueueError):
+    """The caller's lease no longer entitles it to finish the message.
+
+    ``code`` is one of ``stale_generation`` (someone claimed the message
+    after this lease was granted, or it was redriven), ``lease_expired``
+    (the deadline passed) or ``not_leased`` (the message is no longer
+    leased at all).
+    """
+
+    def __init__(self, code: str, message: str, *, event_id: str) -> None:
+        super().__init__(message, code=code)
+        self.event_id = event_id
+
+
+class NotRedrivable(QueueError):
+    """Only a dead message may be redriven."""
+
+    code = "not_redrivable"
+
+
+class UnknownEvent(QueueError):
+    """No message with this event id is stored."""
+
+    code = "unknown_event"
+
+
+class InvalidPayload(QueueError):
+    """The business handler cannot accept this payload: a permanent failure."""
+
+    code = "invalid_payload"
+
+
+class TransientError(QueueError):
+    """A failure worth retrying later (a timeout, a busy dependency)."""
+
+    code = "transient_error"
+
+
+class IntegrityViolation(QueueError):
+    """A constraint of the schema refused a write (a second line of defence)."""
+
+    code = "integrity_violation"

@@ -1,0 +1,66 @@
+"""The business handler: which payloads count as a paid order, and for how much.
+
+The transport accepts any valid JSON object; only the handler knows the
+business fields. A newer handler version may accept more categories:
+``Handler().supporting("toy")`` is that newer version.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Iterable
+
+from .errors import InvalidPayload
+from .values import Effect
+
+DEFAULT_CATEGORIES = frozenset({"book", "pen", "bag"})
+MAX_AMOUNT_CENTS = 9_999_999
+
+
+class Handler:
+    """Validate a payload and write its effect on the ACK's own connection."""
+
+    def __init__(self, categories: Iterable[str] = DEFAULT_CATEGORIES) -> None:
+        self.categories = frozenset(categories)
+
+    def supporting(self, *categories: str) -> "Handler":
+        """Return a newer handler that also accepts ``categories``."""
+        return type(self)(self.categories | frozenset(categories))
+
+    def effect_of(self, payload: Any) -> Effect:
+        """Return the effect of a payload, or raise ``InvalidPayload``.
+
+        Types are checked before values: a category that is a JSON array must
+        not reach the set lookup (it would raise ``TypeError``), and
+        ``True`` or ``100.0`` is not an amount in cents.
+        """
+        if not isinstance(payload, dict):
+            raise InvalidPayload("payload is not an object")
+        category = payload.get("category")
+        if not isinstance(category, str):
+            raise InvalidPayload(f"category must be a string, got {_describe(category)}")
+        if category not in self.categories:
+            known = ", ".join(sorted(self.categories))
+            raise InvalidPayload(f"unknown category {category!r} (this handler knows {known})")
+        amount = payload.get("amount_cents")
+        if type(amount) is not int:  # bool is a subclass of int; 1.0 is a float
+            raise InvalidPayload(f"amount_cents must be an integer, got {_describe(amount)}")
+        if not 1 <= amount <= MAX_AMOUNT_CENTS:
+            raise InvalidPayload(f"amount_cents must be 1..{MAX_AMOUNT_CENTS}, got {amount}")
+        return Effect(category, amount)
+
+    def apply(self, conn: sqlite3.Connection, event_id: str, payload: Any) -> Effect:
+        """Write the effect with ``conn``, inside the caller's open transaction."""
+        effect = self.effect_of(payload)
+        conn.execute("INSERT INTO effects (event_id, category, amount_cents) VALUES (?, ?, ?)",
+                     (event_id, effect.category, effect.amount_cents))
+        return effect
+
+    def __repr__(self) -> str:
+        return f"Handler(categories={sorted(self.categories)})"
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {value!r}"[:60]

@@ -1,0 +1,391 @@
+"""The protocol: enqueue, claim, complete, fail, redrive, on one SQLite file.
+
+Transitions (each one guarded UPDATE, journalled in the same transaction):
+
+    ready  --claim-->     leased   attempts+1, generation+1, lease_until set
+    leased --complete-->  done     effect INSERT + ACK in ONE transaction
+    leased --fail-->      ready    transient, available again after backoff
+    leased --fail-->      dead     permanent, or the attempt budget is spent
+    leased --(expiry)-->  ready    noticed lazily by the next claim
+    leased --(expiry)-->  dead     ... when no attempt is left
+    dead   --redrive-->   ready    attempts reset; generation kept
+
+Who moves a message out of each state: ``ready`` only a claim; ``leased``
+only the lease's holder (complete, fail) or, after ``lease_until``, a claim;
+``done`` nobody; ``dead`` only ``redrive``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Sequence
+
+from .clock import Clock, SystemClock
+from .crashpoints import crash_point
+from .errors import (BatchConflict, IntegrityViolation, LeaseLost, NotRedrivable,
+                     QueueError, UnknownEvent)
+from .handler import Handler
+from .ingest import EVENT_ID, Batch, parse_batch, read_batch
+from .storage import SYNCHRONOUS_MODES, connect, create_schema, transaction
+from .values import (Effect, EnqueueResult, Lease, Message, Outcome, State, Status,
+                     Transition)
+
+_MESSAGE_COLUMNS = ("event_id, payload, state, attempts, generation, available_at, "
+                    "lease_until, last_error")
+_CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
+
+
+def backoff_seconds(attempt: int) -> int:
+    """Delay before the next try after a transient failure of ``attempt``: 1, 2, 4..."""
+    return 2 ** (attempt - 1)
+
+
+class Queue:
+    """A reliable queue in one SQLite file, bound to a clock.
+
+    ``lease_seconds`` is how long a claim entitles a worker to finish;
+    ``max_attempts`` is the claim budget (expired leases count);
+    ``synchronous`` is SQLite's durability setting, ``FULL`` unless you
+    choose to trade durability on power loss for speed.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, clock: Clock | None = None,
+                 lease_seconds: int = 30, max_attempts: int = 3,
+                 synchronous: str = "FULL") -> None:
+        _require_positive("lease_seconds", lease_seconds)
+        _require_positive("max_attempts", max_attempts)
+        if synchronous not in SYNCHRONOUS_MODES:
+            raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}, got {synchronous!r}")
+        self.path = os.fspath(path)
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
+        self.synchronous = synchronous
+        self._session: sqlite3.Connection | None = None
+        create_schema(self.path)
+
+    def __repr__(self) -> str:
+        return (f"Queue({os.path.basename(self.path)!r}, clock={self.clock!r}, "
+                f"lease_seconds={self.lease_seconds}, max_attempts={self.max_attempts})")
+
+    @contextmanager
+    def session(self) -> Iterator["Queue"]:
+        """Share one connection among the calls in the block, then close it.
+
+        Every call still runs its own transaction; only the cost of opening
+        a connection (about a third of a millisecond, mostly parsing the
+        schema) is paid once. ``drain`` runs in a session. Not for sharing
+        a queue between threads: use one ``Queue`` per thread or process.
+        """
+        if self._session is not None:
+            yield self
+            return
+        self._session = connect(self.path, synchronous=self.synchronous)
+        try:
+            yield self
+        finally:
+            conn, self._session = self._session, None
+            conn.close()
+
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        if self._session is not None:
+            yield self._session
+            return
+        conn = connect(self.path, synchronous=self.synchronous)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._connection() as conn, transaction(conn):
+            yield conn
+
+    # -- enqueue --------------------------------------------------------------
+
+    def enqueue(self, batch: Batch) -> EnqueueResult:
+        """Store a validated batch in one transaction; repeats are counted, not stored.
+
+        Raises ``BatchConflict`` (code ``batch_conflict``) if an event id is
+        already stored with a different payload; then nothing is written.
+        """
+        with self._tx() as conn:
+            now = self.clock.now()
+            stored = _stored_payloads(conn, [event.event_id for event in batch.events])
+            new = []
+            for event in batch.events:
+                known = stored.get(event.event_id)
+                if known is None:
+                    new.append(event)
+                elif known != event.payload:
+                    raise BatchConflict(
+                        f"{event.event_id} is already stored with a different payload; "
+                        "a correction needs a new event id",
+                        line=event.line, event_id=event.event_id)
+            conn.executemany("INSERT INTO messages (event_id, payload, available_at) VALUES (?, ?, ?)",
+                             [(event.event_id, event.payload, now) for event in new])
+            _journal(conn, [(now, event.event_id, None, State.READY, 0, 0, "enqueued")
+                            for event in new])
+        return EnqueueResult(inserted=len(new), duplicates=batch.repeats + len(batch) - len(new))
+
+    def enqueue_file(self, path: str | os.PathLike[str]) -> EnqueueResult:
+        """Validate a JSONL file whole, then ``enqueue`` it (codes: see ``ingest``)."""
+        return self.enqueue(read_batch(path))
+
+    def enqueue_jsonl(self, text: str | bytes) -> EnqueueResult:
+        """Validate JSONL text whole, then ``enqueue`` it (codes: see ``ingest``)."""
+        return self.enqueue(parse_batch(text))
+
+    # -- claim ----------------------------------------------------------------
+
+    def claim(self) -> Lease | None:
+        """Lease the next available message, or return ``None`` if none is due.
+
+        Expired leases are recovered first (to ``ready``, or to ``dead`` when
+        the budget is spent). Candidates: ``ready`` and ``available_at <= now``,
+        in ``available_at, event_id`` order.
+        """
+        leases = self.claim_batch(1)
+        return leases[0] if leases else None
+
+    def claim_batch(self, limit: int) -> list[Lease]:
+        """Lease up to ``limit`` messages in one ``BEGIN IMMEDIATE`` transaction."""
+        _require_positive("limit", limit)
+        with self._tx() as conn:
+            crash_point("claim.after_begin")
+            now = self.clock.now()
+            self._recover_expired(conn, now)
+            chosen = [row[0] for row in conn.execute(
+                "SELECT event_id FROM messages WHERE state = 'ready' AND available_at <= ? "
+                "ORDER BY available_at, event_id LIMIT ?", (now, limit))]
+            crash_point("claim.after_select")
+            leases = [self._lease(conn, event_id, now) for event_id in chosen]
+            _journal(conn, [(now, lease.event_id, State.READY, State.LEASED, lease.generation,
+                             lease.attempt, "claimed") for lease in leases])
+            crash_point("claim.before_commit")
+        crash_point("claim.after_commit")
+        return leases
+
+    def _lease(self, conn: sqlite3.Connection, event_id: str, now: int) -> Lease:
+        row = conn.execute(
+            "UPDATE messages SET state = 'leased', attempts = attempts + 1, "
+            "generation = generation + 1, lease_until = ? "
+            "WHERE event_id = ? AND state = 'ready' "
+            "RETURNING generation, attempts, lease_until",
+            (now + self.lease_seconds, event_id)).fetchone()
+        generation, attempts, lease_until = row
+        return Lease(event_id, generation, attempts, lease_until)
+
+    def _recover_expired(self, conn: sqlite3.Connection, now: int) -> None:
+        expired = conn.execute(
+            "SELECT event_id, attempts, generation FROM messages "
+            "WHERE state = 'leased' AND lease_until <= ?", (now,)).fetchall()
+        for event_id, attempts, generation in expired:
+            if attempts >= self.max_attempts:
+                conn.execute("UPDATE messages SET state = 'dead', lease_until = NULL, "
+                             "last_error = 'lease_expired' WHERE event_id = ?", (event_id,))
+                _journal(conn, [(now, event_id, State.LEASED, State.DEAD, generation, attempts,
+                                 "attempts_exhausted")])
+            else:
+                conn.execute("UPDATE messages SET state = 'ready', available_at = lease_until, "
+                             "lease_until = NULL, last_error = 'lease_expired' WHERE event_id = ?",
+                             (event_id,))
+                _journal(conn, [(now, event_id, State.LEASED, State.READY, generation, attempts,
+                                 "lease_expired")])
+
+    # -- complete (the ACK) ---------------------------------------------------
+
+    def complete(self, lease: Lease, handler: Handler) -> Effect:
+        """Write the effect and the ACK in ONE transaction, fenced by the lease.
+
+        Checks state, generation and ``lease_until > now``; INSERTs the
+        effect computed from the payload read from the database; checks the
+        lease again; marks ``done``; commits. Raises ``LeaseLost``
+        (``stale_generation``, ``lease_expired``, ``not_leased``) or
+        ``InvalidPayload``; either way the whole transaction, INSERT
+        included, is rolled back.
+        """
+        with self._tx() as conn:
+            crash_point("complete.after_begin")
+            effect = self._ack(conn, lease, handler)
+            crash_point("complete.before_commit")
+        crash_point("complete.after_commit")
+        return effect
+
+    def complete_batch(self, leases: Sequence[Lease],
+                       handler: Handler) -> list[Effect | QueueError]:
+        """ACK many leases in one transaction, each fenced on its own.
+
+        Each lease runs in a savepoint: one that fails its checks (or whose
+        payload is invalid) is rolled back alone and reported as its error,
+        in input order; the others commit together.
+        """
+        results: list[Effect | QueueError] = []
+        with self._tx() as conn:
+            crash_point("complete.after_begin")
+            for lease in leases:
+                conn.execute("SAVEPOINT ack")
+                try:
+                    results.append(self._ack(conn, lease, handler))
+                except QueueError as exc:
+                    conn.execute("ROLLBACK TO ack")
+                    results.append(exc)
+                conn.execute("RELEASE ack")
+            crash_point("complete.before_commit")
+        crash_point("complete.after_commit")
+        return results
+
+    def _ack(self, conn: sqlite3.Connection, lease: Lease, handler: Handler) -> Effect:
+        payload = self._fenced(conn, lease)
+        try:
+            effect = handler.apply(conn, lease.event_id, json.loads(payload))
+        except sqlite3.IntegrityError as exc:
+            raise IntegrityViolation(f"{lease.event_id}: {exc}") from exc
+        crash_point("complete.after_insert")
+        self._fenced(conn, lease)  # the handler may have outlived the lease
+        crash_point("complete.after_recheck")
+        conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
+                     "WHERE event_id = ? AND state = 'leased' AND generation = ?",
+                     (lease.event_id, lease.generation))
+        _journal(conn, [(self.clock.now(), lease.event_id, State.LEASED, State.DONE,
+                         lease.generation, lease.attempt, "completed")])
+        return effect
+
+    def _fenced(self, conn: sqlite3.Connection, lease: Lease) -> str:
+        """Return the stored payload if ``lease`` still holds the message."""
+        row = conn.execute("SELECT state, generation, lease_until, payload FROM messages "
+                           "WHERE event_id = ?", (lease.event_id,)).fetchone()
+        if row is None:
+            raise UnknownEvent(f"no message {lease.event_id}")
+        state, generation, lease_until, payload = row
+        now = self.clock.now()
+        if generation != lease.generation:
+            raise LeaseLost("stale_generation",
+                            f"{lease.event_id}: lease generation {lease.generation}, "
+                            f"stored generation {generation}", event_id=lease.event_id)
+        if state != State.LEASED:
+            raise LeaseLost("not_leased", f"{lease.event_id} is {state}, not leased",
+                            event_id=lease.event_id)
+        if lease_until <= now:
+            raise LeaseLost("lease_expired",
+                            f"{lease.event_id}: lease ended at {lease_until}, now is {now}",
+                            event_id=lease.event_id)
+        return str(payload)
+
+    # -- fail and redrive -----------------------------------------------------
+
+    def fail(self, lease: Lease, code: str = "transient_error", *,
+             permanent: bool = False) -> Outcome:
+        """Give the message back after a failure, fenced like ``complete``.
+
+        Transient: back to ``ready`` after ``backoff_seconds(attempt)``
+        (1 s, then 2 s), or ``dead`` if this was the last attempt. Permanent:
+        ``dead`` at once. ``code`` is stored as ``last_error``.
+        """
+        with self._tx() as conn:
+            self._fenced(conn, lease)
+            now = self.clock.now()
+            if permanent or lease.attempt >= self.max_attempts:
+                reason = code if permanent else "attempts_exhausted"
+                self._finish_failed(conn, lease, "dead", now, code, reason)
+                return Outcome(lease.event_id, "dead", lease.generation, code)
+            retry_at = now + backoff_seconds(lease.attempt)
+            self._finish_failed(conn, lease, "ready", retry_at, code, code)
+            return Outcome(lease.event_id, "retry", lease.generation, code, available_at=retry_at)
+
+    def _finish_failed(self, conn: sqlite3.Connection, lease: Lease, to: str,
+                       available_at: int, code: str, reason: str) -> None:
+        conn.execute("UPDATE messages SET state = ?, lease_until = NULL, available_at = ?, "
+                     "last_error = ? WHERE event_id = ? AND state = 'leased' AND generation = ?",
+                     (to, available_at, code, lease.event_id, lease.generation))
+        _journal(conn, [(self.clock.now(), lease.event_id, State.LEASED, State(to),
+                         lease.generation, lease.attempt, reason)])
+
+    def redrive(self, event_id: str) -> None:
+        """Send a dead message back to ``ready`` for a new cycle of attempts.
+
+        Resets ``attempts`` to 0; keeps ``generation`` and the payload, so a
+        worker from an earlier cycle stays fenced. Raises ``UnknownEvent`` or
+        ``NotRedrivable`` (code ``not_redrivable``) and changes nothing.
+        """
+        if not isinstance(event_id, str) or not EVENT_ID.fullmatch(event_id):
+            raise UnknownEvent(f"{event_id!r} is not an event id (E followed by four digits)")
+        with self._tx() as conn:
+            row = conn.execute("SELECT state, generation FROM messages WHERE event_id = ?",
+                               (event_id,)).fetchone()
+            if row is None:
+                raise UnknownEvent(f"no message {event_id}")
+            if row[0] != State.DEAD:
+                raise NotRedrivable(f"{event_id} is {row[0]}; only a dead message can be redriven")
+            now = self.clock.now()
+            conn.execute("UPDATE messages SET state = 'ready', attempts = 0, available_at = ? "
+                         "WHERE event_id = ? AND state = 'dead'", (now, event_id))
+            _journal(conn, [(now, event_id, State.DEAD, State.READY, row[1], 0, "redrive")])
+
+    # -- reading stored values ------------------------------------------------
+
+    def status(self) -> Status:
+        """Counts per state, effects and money, as stored; recovers nothing."""
+        with self._connection() as conn:
+            states = {state.value: 0 for state in State}
+            states.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
+            totals = dict(conn.execute("SELECT category, sum(amount_cents) FROM effects "
+                                       "GROUP BY category ORDER BY category"))
+            effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
+        return Status(states, effects, totals, sum(totals.values()))
+
+    def message(self, event_id: str) -> Message:
+        """The stored row of one message; raises ``UnknownEvent``."""
+        with self._connection() as conn:
+            row = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE event_id = ?",
+                               (event_id,)).fetchone()
+        if row is None:
+            raise UnknownEvent(f"no message {event_id}")
+        return Message.from_row(row)
+
+    def messages(self) -> list[Message]:
+        """Every stored message, in event id order."""
+        with self._connection() as conn:
+            rows = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages ORDER BY event_id")
+            return [Message.from_row(row) for row in rows]
+
+    def effects(self) -> dict[str, Effect]:
+        """Every stored effect by event id."""
+        with self._connection() as conn:
+            rows = conn.execute("SELECT event_id, category, amount_cents FROM effects "
+                                "ORDER BY event_id")
+            return {event_id: Effect(category, amount) for event_id, category, amount in rows}
+
+    def transitions(self, event_id: str | None = None) -> list[Transition]:
+        """The journal of state changes in order, for one event or all."""
+        query = ("SELECT seq, at, event_id, from_state, to_state, generation, attempts, reason "
+                 "FROM transitions WHERE ? IS NULL OR event_id = ? ORDER BY seq")
+        with self._connection() as conn:
+            rows = conn.execute(query, (event_id, event_id)).fetchall()
+        return [Transition(seq, at, eid, State(src) if src else None, State(dst), gen, att, why)
+                for seq, at, eid, src, dst, gen, att, why in rows]
+
+
+def _stored_payloads(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str, str]:
+    stored: dict[str, str] = {}
+    for start in range(0, len(event_ids), _CHUNK):
+        chunk = event_ids[start:start + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        stored.update(conn.execute(
+            f"SELECT event_id, payload FROM messages WHERE event_id IN ({marks})", chunk))
+    return stored
+
+
+def _journal(conn: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
+    conn.executemany("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
+                     "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def _require_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

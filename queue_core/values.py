@@ -1,0 +1,126 @@
+"""Immutable values that callers hold: states, leases, results, journal rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Mapping
+
+
+class State(StrEnum):
+    """Where a message is in its life; see the state machine in notebook 00."""
+
+    READY = "ready"
+    LEASED = "leased"
+    DONE = "done"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The fencing token a worker gets from ``claim`` and hands back to finish.
+
+    ``generation`` grows by one on every claim of this event and is never
+    reset, so a lease from an earlier claim can never ACK, even after a
+    redrive has reset ``attempt`` to 1.
+    """
+
+    event_id: str
+    generation: int
+    attempt: int
+    lease_until: int
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """The business result of one event: the amount added to a category."""
+
+    category: str
+    amount_cents: int
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """How many events a batch added and how many were exact repeats."""
+
+    inserted: int
+    duplicates: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One stored row of ``messages``, exactly as the database holds it."""
+
+    event_id: str
+    payload: str
+    state: State
+    attempts: int
+    generation: int
+    available_at: int
+    lease_until: int | None
+    last_error: str | None
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> "Message":
+        """Build from a ``SELECT`` of the columns in declaration order."""
+        event_id, payload, state, attempts, generation, available_at, lease_until, last_error = row
+        return cls(event_id, payload, State(state), attempts, generation,
+                   available_at, lease_until, last_error)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One journal row: a state change written in the same transaction as it."""
+
+    seq: int
+    at: int
+    event_id: str
+    from_state: State | None
+    to_state: State
+    generation: int
+    attempts: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Stored values only: counts per state, effects and money per category."""
+
+    states: Mapping[str, int]
+    effects: int
+    totals: Mapping[str, int]
+    total: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shape ``status --json`` prints."""
+        return {"states": dict(self.states), "effects": self.effects,
+                "totals": dict(self.totals), "total": self.total}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one processing attempt ended in, for logs and notebook tables.
+
+    ``kind`` is ``done``, ``retry`` (back to ready at ``available_at``),
+    ``dead``, or ``lost`` (the lease was lost before the ACK).
+    """
+
+    event_id: str
+    kind: str
+    generation: int
+    code: str | None = None
+    effect: Effect | None = None
+    available_at: int | None = None
+    detail: str = field(default="", compare=False)
+
+    def __str__(self) -> str:
+        text = f"{self.event_id} {self.kind} (generation {self.generation})"
+        if self.effect is not None:
+            text += f": {self.effect.category} +{self.effect.amount_cents}"
+        if self.code is not None:
+            text += f": {self.code}"
+        if self.available_at is not None:
+            text += f", available again at {self.available_at}"
+        if self.detail:
+            text += f" ({self.detail})"
+        return text

@@ -1,0 +1,64 @@
+"""Shared fixtures: a fresh SQLite file per test and a model clock at 1000."""
+
+from __future__ import annotations
+
+import platform
+import sqlite3
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from queue_core import Handler, ModelClock, Queue
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "data"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    versions = []
+    for name in ("pandas", "matplotlib", "nbval", "hypothesis", "jupyterlab", "nbclient"):
+        try:
+            versions.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{name} missing")
+    return [f"python {sys.version.split()[0]} ({platform.platform()}), "
+            f"SQLite {sqlite3.sqlite_version}",
+            ", ".join(versions)]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "queue.sqlite3"
+
+
+@pytest.fixture
+def model_clock() -> ModelClock:
+    return ModelClock(1000)
+
+
+@pytest.fixture
+def queue(db_path: Path, model_clock: ModelClock) -> Queue:
+    """The course's queue: model clock at 1000, lease 2 s, 3 attempts."""
+    return Queue(db_path, clock=model_clock, lease_seconds=2)
+
+
+@pytest.fixture
+def handler() -> Handler:
+    return Handler()
+
+
+def read_back(db_path: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows as a second, independent connection sees them."""
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def snapshot(db_path: Path) -> dict[str, list[tuple]]:
+    """Every row of every table, for 'the database is unchanged' checks."""
+    tables = ("messages", "effects", "transitions")
+    return {t: read_back(db_path, f"SELECT * FROM {t} ORDER BY 1") for t in tables}
