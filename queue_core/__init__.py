@@ -18,7 +18,7 @@ from .errors import (BatchConflict, BatchRejected, IntegrityViolation, InvalidPa
 from .handler import DEFAULT_CATEGORIES, Handler
 from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
 from .queue import Queue, backoff_seconds
-from .values import (Effect, EnqueueResult, Lease, Message, Outcome, State, Status,
+from .values import (Effect, EnqueueResult, Lease, Message, Metrics, Outcome, State, Status,
                      Transition)
 from .worker import drain, finish, process_one
 
@@ -27,7 +27,7 @@ __version__ = "1.0.0"
 __all__ = [
     "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "DEFAULT_CATEGORIES",
     "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation", "InvalidPayload",
-    "Lease", "LeaseLost", "Message", "ModelClock", "NotRedrivable", "Outcome", "Queue",
+    "Lease", "LeaseLost", "Message", "Metrics", "ModelClock", "NotRedrivable", "Outcome", "Queue",
     "QueueError", "State", "Status", "SystemClock", "TransientError", "Transition",
     "UnknownEvent", "backoff_seconds", "canonical_json", "drain", "finish", "parse_batch",
     "process_one", "read_batch",

@@ -30,7 +30,7 @@ from .errors import (BatchConflict, IntegrityViolation, LeaseLost, NotRedrivable
 from .handler import Handler
 from .ingest import EVENT_ID, Batch, parse_batch, read_batch
 from .storage import SYNCHRONOUS_MODES, connect, create_schema, transaction
-from .values import (Effect, EnqueueResult, Lease, Message, Outcome, State, Status,
+from .values import (Effect, EnqueueResult, Lease, Message, Metrics, Outcome, State, Status,
                      Transition)
 
 _MESSAGE_COLUMNS = ("event_id, payload, state, attempts, generation, available_at, "
@@ -338,6 +338,21 @@ class Queue:
                                        "GROUP BY category ORDER BY category"))
             effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
         return Status(states, effects, totals, sum(totals.values()))
+
+    def metrics(self) -> Metrics:
+        """Depth by state, age of the oldest due message, expired leases not yet
+        recovered, and the attempts each dead message spent; recovers nothing."""
+        now = self.clock.now()
+        with self._connection() as conn:
+            depth = {state.value: 0 for state in State}
+            depth.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
+            oldest = conn.execute("SELECT min(available_at) FROM messages "
+                                  "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
+            expired = conn.execute("SELECT count(*) FROM messages "
+                                   "WHERE state = 'leased' AND lease_until <= ?", (now,)).fetchone()[0]
+            dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
+                                     "WHERE state = 'dead' ORDER BY event_id"))
+        return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead)
 
     def message(self, event_id: str) -> Message:
         """The stored row of one message; raises ``UnknownEvent``."""

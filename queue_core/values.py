@@ -98,6 +98,23 @@ class Status:
 
 
 @dataclass(frozen=True, slots=True)
+class Metrics:
+    """Operational figures at one instant, from stored values only.
+
+    ``oldest_ready_age`` is how long the oldest due ``ready`` message has
+    waited (``None`` if none is due); ``expired_leases`` are still stored as
+    ``leased`` although their deadline has passed (only a claim recovers
+    them); ``dead_attempts`` maps each dead event id to the attempts it spent.
+    """
+
+    at: int
+    depth: Mapping[str, int]
+    oldest_ready_age: int | None
+    expired_leases: int
+    dead_attempts: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """What one processing attempt ended in, for logs and notebook tables.
 
