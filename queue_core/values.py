@@ -139,5 +139,5 @@ class Outcome:
         if self.available_at is not None:
             text += f", available again at {self.available_at}"
         if self.detail:
-            text += f" ({self.detail})"
+            text += f": {self.detail}"
         return text
