@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from .clock import ModelClock, SystemClock
 from .crashpoints import CRASH_EXIT_CODE, arm
@@ -42,18 +42,25 @@ class ChildResult:
 def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
               lease_seconds: int = 30, crash_at: str | None = None, mode: str = "one",
               accept: Sequence[str] = (), batch_size: int = 1,
-              wait: bool = True) -> ChildResult | subprocess.Popen[str]:
+              wait: bool = True, protocol: str = "protocol",
+              faults: Mapping[str, Any] | None = None,
+              crash_after: int = 1) -> ChildResult | subprocess.Popen[str]:
     """Start a worker process on ``db_path``; ``mode`` is ``one`` or ``drain``.
 
     ``now`` fixes the child's model clock (the system clock if ``None``).
     With ``wait=False`` the running ``Popen`` is returned; pass it to
-    ``collect`` to get the ``ChildResult``.
+    ``collect`` to get the ``ChildResult``. ``protocol`` names one of
+    ``queue_core.naive.PROTOCOLS`` (the broken ones are contrasts, and always
+    drain); ``faults`` configures injected transient faults
+    (``queue_core.stress.FlakyHandler.from_spec``); ``crash_after`` is
+    which arrival at ``crash_at`` kills the worker (the first by default).
     """
     if mode not in ("one", "drain"):
         raise ValueError(f"mode must be 'one' or 'drain', got {mode!r}")
     spec = {"db": os.fspath(db_path), "now": now, "lease_seconds": lease_seconds,
             "crash_at": crash_at, "mode": mode, "accept": list(accept),
-            "batch_size": batch_size}
+            "batch_size": batch_size, "protocol": protocol, "faults": dict(faults or {}),
+            "crash_after": crash_after}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [_PACKAGE_PARENT, *filter(None, [os.environ.get("PYTHONPATH")])]))
     proc = subprocess.Popen([sys.executable, "-m", "queue_core.child", json.dumps(spec)],
@@ -90,8 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = SystemClock() if spec["now"] is None else ModelClock(spec["now"])
     queue = Queue(spec["db"], clock=clock, lease_seconds=spec["lease_seconds"])
     handler = Handler().supporting(*spec["accept"])
-    arm(spec["crash_at"])
-    if spec["mode"] == "one":
+    if spec.get("faults"):
+        from .stress import FlakyHandler  # lazily: stress starts children itself
+        handler = FlakyHandler.from_spec(handler.categories, spec["faults"])
+    arm(spec["crash_at"], after=spec.get("crash_after", 1))
+    if spec.get("protocol", "protocol") != "protocol":
+        from .naive import drain as drain_with, protocol  # teaching contrasts only
+        drain_with(queue, handler, protocol(spec["protocol"]), on_outcome=_report)
+    elif spec["mode"] == "one":
         outcome = process_one(queue, handler)
         if outcome is not None:
             _report(outcome)

@@ -17,7 +17,17 @@ Crash points, in the order a message meets them:
 ``complete.after_recheck``     lease re-checked, ``done`` not written
 ``complete.before_commit``     ``done`` UPDATE written, not committed
 ``complete.after_commit``      ACK committed, worker not yet told
+``fail.after_begin``           failure transaction open, nothing checked
+``fail.before_commit``         ``ready``/``dead`` written, not committed
+``fail.after_commit``          failure committed, worker not yet told
 =============================  ==========================================
+
+``complete.between_transactions`` is reached only by the deliberately broken
+protocols of ``queue_core.naive``, which split the effect and the ACK into two
+transactions: the first has committed, the second has not begun.
+
+``POINTS`` lists them all; ``arm`` refuses any other name, so a typo in a
+test or a child spec fails loudly instead of never crashing.
 """
 
 from __future__ import annotations
@@ -35,17 +45,28 @@ POINTS = (
     "complete.after_recheck",
     "complete.before_commit",
     "complete.after_commit",
+    "fail.after_begin",
+    "fail.before_commit",
+    "fail.after_commit",
+    "complete.between_transactions",
 )
 
 _armed: str | None = None
+_arrivals_left = 1
 
 
-def arm(point: str | None) -> None:
-    """Make the next arrival at ``point`` end this process (``None`` disarms)."""
-    global _armed
+def arm(point: str | None, *, after: int = 1) -> None:
+    """Make the ``after``-th arrival at ``point`` end this process (``None`` disarms).
+
+    ``after`` above 1 lets a worker finish some messages before it dies, as
+    the stress run needs; the sweep uses the first arrival.
+    """
+    global _armed, _arrivals_left
     if point is not None and point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
-    _armed = point
+    if isinstance(after, bool) or not isinstance(after, int) or after < 1:
+        raise ValueError(f"after must be a positive integer, got {after!r}")
+    _armed, _arrivals_left = point, after
 
 
 def armed() -> str | None:
@@ -53,6 +74,13 @@ def armed() -> str | None:
 
 
 def crash_point(name: str) -> None:
-    """End the process here with exit code 86 if ``name`` is armed."""
+    """End the process here with exit code 86 if ``name`` is armed and due."""
     if _armed == name:
+        _arrive()
+
+
+def _arrive() -> None:
+    global _arrivals_left
+    _arrivals_left -= 1
+    if _arrivals_left <= 0:
         os._exit(CRASH_EXIT_CODE)

@@ -1,0 +1,274 @@
+"""The crash sweep: kill a real worker at every protocol step, then audit.
+
+For each protocol of ``queue_core.naive`` and each crash point it passes
+through, ``run_sweep`` enqueues the same five events in a fresh database,
+starts a worker process armed to die by ``os._exit`` at that point, lets a
+fresh worker run the queue to completion on the model clock (stepping past
+every lease deadline and backoff), and audits the file: each effect exactly
+once, every message ``done`` or ``dead`` with a reason, ``PRAGMA
+integrity_check`` ok, the money equal to the expected total.
+
+Two more steps are schedules rather than crashes, because a slow worker is
+not a dead one: it pauses past its lease, another worker takes the message
+over, and the slow one wakes up and ACKs (``stale.ack``) or, running the old
+handler version that does not know ``toy``, reports a permanent failure
+(``stale.fail``). They run in-process with two ``Queue`` objects on one
+model clock, so their timing is exact.
+
+Outcomes: ``ok``; ``lost money`` (a message that should be done is not, or
+its effect is missing); ``doubled money`` (an effect written twice);
+``stuck`` (still ready or leased after the run); ``stale ACK accepted`` (the
+money is right, but a worker whose lease had expired finished the message);
+``not reached`` (the armed worker never arrived at the point: a sweep bug).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from .child import collect, run_child
+from .clock import ModelClock
+from .handler import Handler
+from .naive import PROTOCOLS, Protocol, create_ledger, drain, finish
+from .queue import Queue
+from .stress import FlakyHandler
+from .values import Lease
+
+if TYPE_CHECKING:
+    import pandas
+    from matplotlib.figure import Figure
+
+START = 1000
+LEASE_SECONDS = 2
+BATCH = "\n".join([
+    '{"event_id": "E0001", "payload": {"category": "toy", "amount_cents": 3000}}',
+    '{"event_id": "E0002", "payload": {"category": "book", "amount_cents": 10000}}',
+    '{"event_id": "E0003", "payload": {"category": "pen", "amount_cents": 2000}}',
+    '{"event_id": "E0004", "payload": {"category": "book", "amount_cents": 5000}}',
+    '{"event_id": "E0005", "payload": {"category": ["book"], "amount_cents": 500}}',
+]) + "\n"
+EXPECTED_DONE = {"E0001": 3000, "E0002": 10000, "E0003": 2000, "E0004": 5000}
+EXPECTED_DEAD = {"E0005": "invalid_payload"}
+EXPECTED_TOTAL = sum(EXPECTED_DONE.values())
+ACCEPT = ("toy",)  # the current handler version knows toy; the slow old one does not
+FAULTS = {"first_attempt": ["E0003"]}  # E0003's first attempt fails transiently
+STEPS = (
+    "claim.after_begin", "claim.after_select", "claim.before_commit", "claim.after_commit",
+    "complete.after_begin", "complete.after_insert", "complete.after_recheck",
+    "complete.before_commit", "complete.between_transactions", "complete.after_commit",
+    "fail.after_begin", "fail.before_commit", "fail.after_commit",
+    "stale.ack", "stale.fail",
+)
+SCHEDULES = ("stale.ack", "stale.fail")
+OUTCOMES = ("ok", "lost money", "doubled money", "stuck", "stale ACK accepted",
+            "not reached", "n/a")
+MAX_ROUNDS = 30
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One cell of the sweep: a protocol, a step, and what the audit found."""
+
+    protocol: str
+    step: str
+    outcome: str
+    total: int
+    detail: str
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome not in ("ok", "n/a")
+
+
+def current_handler() -> Handler:
+    """The handler version the sweep runs: knows ``toy``, fails E0003 once."""
+    return FlakyHandler.from_spec(Handler().supporting(*ACCEPT).categories, FAULTS)
+
+
+def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] = STEPS, *,
+              workdir: str | os.PathLike[str] | None = None, jobs: int = 2) -> list[SweepRow]:
+    """Run every step against every protocol; one ``SweepRow`` each, in order.
+
+    A step a protocol never passes through is ``n/a`` without running.
+    ``jobs`` crash cases run their worker processes at the same time (each
+    case has its own database file).
+    """
+    with tempfile.TemporaryDirectory(prefix="sweep-", dir=workdir) as tmp:
+        cases = [(PROTOCOLS[name], step) for name in protocols for step in steps]
+        results: dict[tuple[str, str], SweepRow] = {}
+        crashes = [(p, s) for p, s in cases if s in p.points]
+        for start in range(0, len(crashes), max(1, jobs)):
+            for row in _crash_cases(crashes[start:start + max(1, jobs)], Path(tmp)):
+                results[row.protocol, row.step] = row
+        for proto, step in cases:
+            if step in SCHEDULES:
+                results[proto.name, step] = _stale_case(proto, step, _fresh(Path(tmp), proto, step))
+            elif step not in proto.points:
+                results[proto.name, step] = SweepRow(proto.name, step, "n/a", 0, "never passes here")
+        return [results[p.name, s] for p, s in cases]
+
+
+def _fresh(tmp: Path, proto: Protocol, step: str) -> Path:
+    db = tmp / f"{proto.name.replace(' ', '_')}-{step}.sqlite3"
+    Queue(db, clock=ModelClock(START), lease_seconds=LEASE_SECONDS).enqueue_jsonl(BATCH)
+    create_ledger(db)
+    return db
+
+
+def _crash_cases(cases: Sequence[tuple[Protocol, str]], tmp: Path) -> list[SweepRow]:
+    dbs = [_fresh(tmp, proto, step) for proto, step in cases]
+    procs = [run_child(db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode="drain",
+                       accept=ACCEPT, protocol=proto.name, faults=FAULTS, wait=False)
+             for db, (proto, step) in zip(dbs, cases)]
+    rows = []
+    for db, proc, (proto, step) in zip(dbs, procs, cases):
+        result = collect(proc)  # type: ignore[arg-type]
+        if not result.crashed:
+            rows.append(SweepRow(proto.name, step, "not reached", 0, "the worker never got there"))
+            continue
+        clock = ModelClock(START)
+        finished = run_to_completion(Queue(db, clock=clock, lease_seconds=LEASE_SECONDS),
+                                     clock, current_handler(), proto)
+        rows.append(_row(proto, step, db, finished))
+    return rows
+
+
+def run_to_completion(queue: Queue, clock: ModelClock, handler: Handler,
+                      proto: Protocol) -> bool:
+    """Drain, then step the clock to the next lease deadline or backoff, until
+    nothing is ready or leased; ``False`` if that takes over ``MAX_ROUNDS``."""
+    for _ in range(MAX_ROUNDS):
+        drain(queue, handler, proto)
+        due = [m.lease_until if m.lease_until is not None else m.available_at
+               for m in queue.messages() if m.state in ("ready", "leased")]
+        if not due:
+            return True
+        clock.set(max(clock.now() + 1, min(due)))
+    return False
+
+
+def _stale_case(proto: Protocol, step: str, db: Path) -> SweepRow:
+    """A slow worker pauses past its lease on E0001; another worker takes it
+    over (generation 2); the slow one wakes and finishes first; then the
+    current holder finishes; then the queue runs to completion."""
+    clock = ModelClock(START)
+    slow, other = (Queue(db, clock=clock, lease_seconds=LEASE_SECONDS) for _ in range(2))
+    handler = current_handler()
+    old_version = Handler() if step == "stale.fail" else handler
+    stale_lease = slow.claim()
+    assert stale_lease is not None and stale_lease.event_id == "E0001"
+    drain(other, handler, proto)
+    clock.set(stale_lease.lease_until)  # the slow worker's lease has just expired
+    current = _claim_event(other, "E0001", handler, proto)
+    woke = finish(proto, slow, stale_lease, old_version)
+    then = finish(proto, other, current, handler)
+    finished = run_to_completion(other, clock, handler, proto)
+    row = _row(proto, step, db, finished)
+    detail = f"slow worker: {woke.kind} {woke.code or ''}; current worker: {then.kind}; {row.detail}"
+    return SweepRow(row.protocol, row.step, row.outcome, row.total, detail.replace("  ", " "))
+
+
+def _claim_event(queue: Queue, event_id: str, handler: Handler, proto: Protocol) -> Lease:
+    while (lease := queue.claim()) is not None:
+        if lease.event_id == event_id:
+            return lease
+        finish(proto, queue, lease, handler)
+    raise RuntimeError(f"{event_id} was never due")
+
+
+def _row(proto: Protocol, step: str, db: Path, finished: bool) -> SweepRow:
+    outcome, total, detail = audit(db, finished)
+    return SweepRow(proto.name, step, outcome, total, detail)
+
+
+def audit(db: str | os.PathLike[str], finished: bool = True) -> tuple[str, int, str]:
+    """Classify the final file: ``(outcome, money, explanation)``."""
+    conn = sqlite3.connect(db)
+    try:
+        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        rows = conn.execute("SELECT event_id, state, generation, last_error FROM messages").fetchall()
+        writes = conn.execute("SELECT event_id, amount_cents FROM effects").fetchall()
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'naive_ledger'").fetchone():
+            writes += conn.execute("SELECT event_id, amount_cents FROM naive_ledger").fetchall()
+        done_by = dict(conn.execute("SELECT event_id, generation FROM transitions "
+                                    "WHERE to_state = 'done' ORDER BY seq"))
+    finally:
+        conn.close()
+    return _classify(integrity, rows, writes, done_by, finished)
+
+
+def _classify(integrity: str, rows: list[tuple[Any, ...]], writes: list[tuple[str, int]],
+              done_by: dict[str, int], finished: bool) -> tuple[str, int, str]:
+    total = sum(amount for _, amount in writes)
+    count = Counter(event_id for event_id, _ in writes)
+    state = {event_id: (s, gen, err) for event_id, s, gen, err in rows}
+    if integrity != "ok":
+        return "corrupt", total, f"integrity_check: {integrity}"
+    twice = sorted(e for e, n in count.items() if n > 1)
+    if twice or total > EXPECTED_TOTAL:
+        return "doubled money", total, f"{', '.join(twice)} written twice: {total}"
+    pending = sorted(e for e, (s, _, _) in state.items() if s in ("ready", "leased"))
+    if pending or not finished:
+        return "stuck", total, f"{', '.join(pending)} still pending"
+    missing = sorted(e for e in EXPECTED_DONE if state[e][0] != "done" or count[e] != 1)
+    wrong_dead = sorted(e for e, reason in EXPECTED_DEAD.items()
+                        if (state[e][0], state[e][2]) != ("dead", reason))
+    if missing or wrong_dead or total != EXPECTED_TOTAL:
+        return "lost money", total, f"{', '.join(missing + wrong_dead)} not done: {total}"
+    stale = sorted(e for e, g in done_by.items() if g != state[e][1])
+    if stale:
+        return "stale ACK accepted", total, f"{', '.join(stale)} done by an expired lease"
+    return "ok", total, f"every effect once: {total}"
+
+
+def sweep_frame(rows: Sequence[SweepRow]) -> "pandas.DataFrame":
+    """The sweep as a table: steps down, protocols across, outcomes in the cells."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{"step": r.step, "protocol": r.protocol, "outcome": r.outcome}
+                          for r in rows])
+    table = frame.pivot(index="step", columns="protocol", values="outcome")
+    steps = [s for s in STEPS if s in set(table.index)]
+    protocols = list(dict.fromkeys(r.protocol for r in rows))
+    return table.loc[steps, protocols].rename_axis(columns=None)
+
+
+COLOURS = {"ok": "#4daf4a", "lost money": "#e41a1c", "doubled money": "#984ea3",
+           "stuck": "#ff7f00", "stale ACK accepted": "#377eb8", "not reached": "#000000",
+           "n/a": "#e0e0e0", "corrupt": "#a65628"}
+
+
+def plot_sweep(rows: Sequence[SweepRow], title: str = "Crash sweep: outcome per step and protocol"
+               ) -> "Figure":
+    """Draw the sweep: steps on the y axis, protocols on the x axis, outcome as colour."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    table = sweep_frame(rows)
+    fig, ax = plt.subplots(figsize=(9.5, 6.5))
+    for y, step in enumerate(table.index):
+        for x, protocol in enumerate(table.columns):
+            outcome = table.loc[step, protocol]
+            ax.add_patch(plt.Rectangle((x - 0.48, y - 0.45), 0.96, 0.9,
+                                       color=COLOURS.get(outcome, "#888888")))
+            if outcome not in ("ok", "n/a"):
+                ax.text(x, y, outcome, ha="center", va="center", fontsize=8, color="white")
+    ax.set_xlim(-0.5, len(table.columns) - 0.5)
+    ax.set_ylim(len(table.index) - 0.5, -0.5)
+    ax.set_xticks(range(len(table.columns)), table.columns)
+    ax.set_yticks(range(len(table.index)), table.index)
+    ax.xaxis.tick_top()
+    ax.set_xlabel("protocol (the last three are deliberately broken)")
+    ax.set_ylabel("where the worker died (or paused: stale.*)")
+    ax.set_title(title, pad=28)
+    seen = [o for o in COLOURS if o in set(table.values.ravel())]
+    ax.legend(handles=[Patch(color=COLOURS[o], label=o) for o in seen], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), title="outcome", frameon=False)
+    fig.tight_layout()
+    return fig
