@@ -1,0 +1,232 @@
+"""What the exercises start from and run: starting states, the prepared
+databases of exercise 5, and exercise 6's naive worker process.
+
+Every state is built through the protocol on a fresh file with a model clock;
+every crash is a real process ending by ``os._exit``. ``python -m
+queue_core.exercise_setup SPEC`` is the naive worker's process (see
+``run_naive_worker``). Learners call these through ``queue_core.exercises``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .child import run_child
+from .clock import ModelClock
+from .crashpoints import CRASH_EXIT_CODE
+from .demo import DEMO_JSONL, LEASE_SECONDS, START
+from .handler import Handler
+from .queue import Queue
+from .storage import connect, transaction
+from .worker import drain, process_one
+
+E0001_PAYLOAD = '{"amount_cents":10000,"category":"book"}'  # E0001 as stored (canonical)
+_DEMO_LINES = DEMO_JSONL.splitlines()
+E0003_LINE, E0004_LINE = _DEMO_LINES[3], _DEMO_LINES[4]
+MALFORMED = "\n".join((
+    '{"event_id": "E0201", "payload": {"category": ["book"], "amount_cents": 1000}}',
+    '{"event_id": "E0202", "payload": {"category": "book", "amount_cents": true}}',
+    '{"event_id": "E0203", "payload": {"category": "book", "amount_cents": 1.0}}')) + "\n"
+
+
+# -- starting states ------------------------------------------------------------
+
+def fresh(workdir: str | os.PathLike[str], name: str) -> Queue:
+    """A new queue file in ``workdir`` (an earlier one is removed: start over)."""
+    path = Path(workdir) / f"{name}.sqlite3"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return Queue(path, clock=ModelClock(START), lease_seconds=LEASE_SECONDS)
+
+
+def reference_final(queue: Queue) -> Queue:
+    """Play the reference scenario up to its final state: total 17000, E0004 dead."""
+    handler = Handler()
+    queue.enqueue_jsonl(DEMO_JSONL)
+    process_one(queue, handler)                                   # E0001 done
+    lease = queue.claim()                                         # E0002: transient error
+    assert lease is not None and lease.event_id == "E0002"
+    queue.fail(lease, "transient_error")
+    run_child(queue.path, now=queue.clock.now(), lease_seconds=LEASE_SECONDS,
+              crash_at="complete.after_insert")                   # E0003: a real crash
+    process_one(queue, handler)                                   # E0004: toy, dead
+    for t in (START + 1, START + 2):
+        queue.clock.set(t)  # type: ignore[attr-defined]
+        process_one(queue, handler)                               # E0002, then E0003 done
+    return queue
+
+
+def start_1(workdir: str | os.PathLike[str]) -> Queue:
+    """Exercise 1: the reference scenario's final state (total 17000, E0004 dead), t=1002."""
+    return reference_final(fresh(workdir, "exercise_1"))
+
+
+def start_2(workdir: str | os.PathLike[str]) -> Queue:
+    """Exercise 2: the reference scenario's final state, t=1002."""
+    return reference_final(fresh(workdir, "exercise_2"))
+
+
+def start_3(workdir: str | os.PathLike[str]) -> Queue:
+    """Exercise 3: the reference scenario's final state, E0004 (toy) dead, t=1002."""
+    return reference_final(fresh(workdir, "exercise_3"))
+
+
+def start_4(workdir: str | os.PathLike[str]) -> Queue:
+    """Exercise 4: E0004 (toy 3000) ready at t=1000, lease 2 s."""
+    queue = fresh(workdir, "exercise_4")
+    queue.enqueue_jsonl(E0004_LINE)
+    return queue
+
+
+def start_5(workdir: str | os.PathLike[str]) -> Queue:
+    """Exercise 5: a message dead after three transient failures, one dead after
+    three silent lease expiries (real crashed processes), one done."""
+    queue = fresh(workdir, "exercise_5")
+    for _ in silent_and_transient(queue):
+        pass
+    return queue
+
+
+def start_6(workdir: str | os.PathLike[str]) -> Queue:
+    """Exercise 6: E0003 (book 5000) ready at t=1000, lease 2 s."""
+    queue = fresh(workdir, "exercise_6")
+    queue.enqueue_jsonl(E0003_LINE)
+    return queue
+
+
+STARTS: dict[int, Callable[[str | os.PathLike[str]], Queue]] = {
+    1: start_1, 2: start_2, 3: start_3, 4: start_4, 6: start_6}
+
+
+
+# -- exercise 5: prepared databases ----------------------------------------------------
+
+def silent_and_transient(queue: Queue) -> Iterator[str]:
+    """E0501 dies after three transient failures; E0502's three workers are real
+    processes that crash; E0503 is done. Yields a case name at each stage."""
+    queue.enqueue_jsonl('{"event_id": "E0501", "payload": {"category": "pen", "amount_cents": 700}}')
+    clock: ModelClock = queue.clock  # type: ignore[assignment]
+    for t in (START, START + 1, START + 3):   # backoff 1 s, then 2 s; the third claim ends dead
+        clock.set(t)
+        lease = queue.claim()
+        assert lease is not None
+        queue.fail(lease, "transient_error")
+    yield "three transient failures"
+    queue.enqueue_jsonl('{"event_id": "E0502", "payload": {"category": "bag", "amount_cents": 900}}')
+    for t in (START + 3, START + 5, START + 7):   # each worker process dies before COMMIT
+        run_child(queue.path, now=t, lease_seconds=LEASE_SECONDS, crash_at="complete.after_insert")
+    clock.set(START + 9)
+    yield "three silent lease expiries, not yet noticed by a claim"
+    queue.enqueue_jsonl('{"event_id": "E0503", "payload": {"category": "book", "amount_cents": 400}}')
+    drain(queue, Handler())   # its first claim moves E0502 to dead, then E0503 is done
+    yield "three silent lease expiries, then a claim"
+
+
+def reference_cases(queue: Queue) -> Iterator[str]:
+    reference_final(queue)
+    yield "the reference scenario (E0004, unknown category)"
+    queue.redrive("E0004")
+    process_one(queue, Handler())
+    yield "E0004 redriven without the fix, dead again"
+    queue.redrive("E0004")
+    process_one(queue, Handler().supporting("toy"))
+    yield "nothing dead (E0004 fixed)"
+
+
+def malformed_cases(queue: Queue) -> Iterator[str]:
+    queue.enqueue_jsonl(MALFORMED)
+    drain(queue, Handler())
+    yield "invalid payloads (a category array, amounts true and 1.0)"
+
+
+# -- exercise 6: a naive worker, ACK before INSERT, in a real process ---------------------
+
+@dataclass(frozen=True, slots=True)
+class NaiveRun:
+    """How the naive worker's process ended: steps committed, exit code, first error."""
+
+    event_id: str | None
+    generation: int
+    committed: int
+    exit_code: int
+    error: str | None = None
+
+    def __str__(self) -> str:
+        if self.event_id is None:
+            return "the worker found nothing to claim"
+        text = (f"worker process claimed {self.event_id} (generation {self.generation}), "
+                f"committed {self.committed} step{'' if self.committed == 1 else 's'}")
+        if self.error:
+            return f"{text}, then step {self.committed + 1} failed: {self.error}"
+        if self.exit_code == CRASH_EXIT_CODE:
+            return f"{text}, then died (exit code {self.exit_code}) before the next step"
+        return f"{text} and exited normally (exit code {self.exit_code})"
+
+
+def run_naive_worker(queue: Queue, steps: Any, *, crash_after: int = 1) -> NaiveRun | None:
+    """Claim one message in a separate OS process, run each SQL step in its own
+    committed transaction, and die by ``os._exit`` after step ``crash_after``.
+
+    Steps get the parameters ``:event_id``, ``:generation``, ``:category``,
+    ``:amount_cents`` and ``:now``. Prints what happened and returns it;
+    prints why instead (and returns ``None``) if there is nothing to run.
+    """
+    if steps is None:
+        print("Nothing to run yet: replace None with your list of SQL steps")
+        return None
+    if not isinstance(steps, (list, tuple)) or not all(isinstance(s, str) for s in steps):
+        print(f"Cannot run: steps must be a list of SQL strings, found {type(steps).__name__}")
+        return None
+    spec = {"db": os.path.abspath(queue.path), "now": queue.clock.now(),
+            "lease_seconds": queue.lease_seconds, "steps": list(steps), "crash_after": crash_after}
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    done = subprocess.run([sys.executable, "-m", "queue_core.exercise_setup", json.dumps(spec)],
+                          capture_output=True, text=True, env=env, check=False)
+    report: dict[str, Any] = {"event_id": None, "generation": 0, "committed": 0, "error": None}
+    for line in done.stdout.splitlines():
+        report.update(json.loads(line))
+    if done.returncode not in (0, CRASH_EXIT_CODE):
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        report["error"] = report["error"] or f"the process exited with {done.returncode}: {last[:100]}"
+    run = NaiveRun(report["event_id"], report["generation"], report["committed"],
+                   done.returncode, report["error"])
+    print(run)
+    return run
+
+
+def naive_worker(spec: dict[str, Any]) -> int:
+    """The child's side of ``run_naive_worker``: a real claim, then naive steps."""
+    queue = Queue(spec["db"], clock=ModelClock(spec["now"]), lease_seconds=spec["lease_seconds"])
+    lease = queue.claim()
+    if lease is None:
+        return 0
+    effect = Handler().effect_of(json.loads(queue.message(lease.event_id).payload))
+    print(json.dumps({"event_id": lease.event_id, "generation": lease.generation}), flush=True)
+    params = {"event_id": lease.event_id, "generation": lease.generation, "now": spec["now"],
+              "category": effect.category, "amount_cents": effect.amount_cents}
+    conn = connect(spec["db"])
+    for number, sql in enumerate(spec["steps"], start=1):
+        try:
+            with transaction(conn):
+                conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+            return 0
+        print(json.dumps({"committed": number}), flush=True)
+        if number == spec["crash_after"]:
+            os._exit(CRASH_EXIT_CODE)  # a real death: no finally, no cleanup
+    conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(naive_worker(json.loads(sys.argv[1])))

@@ -1,0 +1,378 @@
+"""Self-checking exercises: a known starting state for each, and a check that never raises.
+
+    >>> from queue_core import exercises
+    >>> q1 = exercises.start_1(workdir)           # the reference scenario's final state
+    >>> exercises.check_1(q1, edit_refusal)       # prints one verdict and returns it
+
+Each ``check_N`` prints exactly one line, ``Solved: ...``, ``Not quite: ...``
+(which figure, expected and found) or ``Not attempted yet: ...``, and returns
+a ``Verdict`` whose ``status`` is ``solved``, ``not_quite`` or
+``not_attempted``. It catches everything, a ``None`` placeholder included,
+and only reads the database. Money, effect count and states are checked
+together: a right total with a lost message is not solved.
+
+EXERCISES.md describes the exercises; notebook 09 runs them; the reference
+solutions are in ``notebooks/solutions``. ``start_N(workdir)`` builds its
+state on a fresh file in ``workdir`` (running it again starts over).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import quote
+
+from .clock import ModelClock
+from .crashpoints import CRASH_EXIT_CODE
+from .errors import QueueError
+from .exercise_setup import (E0001_PAYLOAD, STARTS, NaiveRun, fresh, malformed_cases,
+                             reference_cases, run_naive_worker, silent_and_transient, start_1,
+                             start_2, start_3, start_4, start_5, start_6)
+from .queue import Queue
+from .values import Effect, Lease, Message, Status, Transition
+
+__all__ = [
+    "NOT_ATTEMPTED", "NOT_QUITE", "NaiveRun", "SOLVED", "Verdict", "WHY_WHOLE_BATCH",
+    "check_1", "check_2", "check_3", "check_4", "check_5", "check_6", "figures",
+    "run_naive_worker", "show", "start_1", "start_2", "start_3", "start_4", "start_5", "start_6",
+]
+
+SOLVED, NOT_QUITE, NOT_ATTEMPTED = "solved", "not_quite", "not_attempted"
+_PREFIX = {SOLVED: "Solved", NOT_QUITE: "Not quite", NOT_ATTEMPTED: "Not attempted yet"}
+WHY_WHOLE_BATCH = "b"  # the right choice in exercise 2 (EXERCISES.md explains it)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a check found: ``status`` is ``solved``, ``not_quite`` or ``not_attempted``."""
+
+    exercise: int
+    status: str
+    detail: str
+
+    @property
+    def text(self) -> str:
+        return f"{_PREFIX[self.status]}: {self.detail}"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _ipython_display_(self) -> None:
+        """Show nothing more: the check has already printed the verdict once."""
+
+
+# -- reading what the learner's database holds ------------------------------------
+
+@dataclass(frozen=True)
+class _World:
+    status: Status
+    messages: dict[str, Message]
+    effects: dict[str, Effect]
+    journal: list[Transition]
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        return (len(self.journal), len(self.messages), len(self.effects), self.status.total,
+                tuple(sorted(self.status.states.items())))
+
+
+class _NotAttempted(Exception):
+    """Raised inside a check to give the ``not_attempted`` verdict."""
+
+
+def _read(target: Any) -> _World:
+    """Read a queue's stored values without changing them (``target``: Queue or path)."""
+    path = target.path if isinstance(target, Queue) else target
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        raise _NotAttempted("pass the queue its start_N() cell returned")
+    conn = sqlite3.connect(f"file:{quote(Path(path).resolve().as_posix())}?mode=ro", uri=True)
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    finally:
+        conn.close()
+    if not {"messages", "effects", "transitions"} <= tables:
+        raise ValueError("that file is not a queue database")
+    queue = Queue(path, clock=ModelClock(0))
+    return _World(queue.status(), {m.event_id: m for m in queue.messages()}, queue.effects(),
+                  queue.transitions())
+
+
+@lru_cache(maxsize=None)
+def _start_fingerprint(number: int) -> tuple[Any, ...]:
+    with tempfile.TemporaryDirectory(prefix="queue-exercise-") as workdir:
+        return _read(STARTS[number](workdir)).fingerprint()
+
+
+def _untouched(world: _World, number: int) -> bool:
+    return world.fingerprint() == _start_fingerprint(number)
+
+
+def figures(target: Any) -> str:
+    """One line of the figures every check compares: money, effects, states."""
+    status = target.status() if isinstance(target, Queue) else target
+    totals = ", ".join(f"{name} {cents}" for name, cents in status.totals.items())
+    states = ", ".join(f"{name} {count}" for name, count in status.states.items())
+    return f"total {status.total}{f' ({totals})' if totals else ''}; effects {status.effects}; {states}"
+
+
+def show(queue: Queue) -> None:
+    """Print the queue's figures (the clock's time first)."""
+    print(f"t={queue.clock.now()} {figures(queue)}")
+
+
+# -- comparing ----------------------------------------------------------------------
+
+def _compare(world: _World, total: int, effects: int, states: Mapping[str, int]) -> list[str]:
+    """Money, effect count and every state together: each mismatch as text."""
+    wrong = []
+    if world.status.total != total:
+        wrong.append(f"total expected {total}, found {world.status.total}")
+    if world.status.effects != effects:
+        wrong.append(f"effects expected {effects}, found {world.status.effects}")
+    for state, count in states.items():
+        found = world.status.states.get(state, 0)
+        if found != count:
+            wrong.append(f"{state} expected {count}, found {found}")
+    return wrong
+
+
+def _bypassed(world: _World) -> list[str]:
+    """Rows changed around the protocol: a state the journal never recorded, an
+    effect without a completed message, a done message without its effect."""
+    last: dict[str, Transition] = {t.event_id: t for t in world.journal}
+    wrong = []
+    for event_id, message in world.messages.items():
+        step = last.get(event_id)
+        if step is None or step.to_state != message.state:
+            wrong.append(f"{event_id} is {message.state} but the journal never moved it there "
+                         "(changed around the protocol)")
+        elif (message.state == "done") != (event_id in world.effects):
+            wrong.append(f"{event_id} is {message.state} "
+                         f"{'without' if event_id not in world.effects else 'with'} an effect")
+    wrong += [f"effect of {event_id} has no message" for event_id in world.effects
+              if event_id not in world.messages]
+    return wrong
+
+
+def _refusal(label: str, error: Any, code: str, event_id: str,
+             line: int | None = None) -> list[str]:
+    """What is wrong with a recorded refusal (an exception the learner caught)."""
+    if error is None:
+        return [f"{label}: expected a {code} refusal, found none (run that cell)"]
+    if not isinstance(error, QueueError):
+        return [f"{label}: expected a {code} refusal, found {type(error).__name__}"]
+    if error.code != code:
+        return [f"{label}: code expected {code}, found {error.code}"]
+    if getattr(error, "event_id", event_id) != event_id:
+        return [f"{label}: event expected {event_id}, found {getattr(error, 'event_id')}"]
+    if line is not None and getattr(error, "line", None) != line:
+        return [f"{label}: line expected {line}, found {getattr(error, 'line', None)}"]
+    return []
+
+
+def _states(ready: int = 0, leased: int = 0, done: int = 0, dead: int = 0) -> dict[str, int]:
+    return {"ready": ready, "leased": leased, "done": done, "dead": dead}
+
+
+def _checked(number: int, body: Callable[[], Verdict]) -> Verdict:
+    """Run a check body; whatever happens, print one verdict and return it."""
+    try:
+        verdict = body()
+    except _NotAttempted as exc:
+        verdict = Verdict(number, NOT_ATTEMPTED, str(exc))
+    except (Exception, SystemExit) as exc:  # a check never raises into the learner's cell
+        verdict = Verdict(number, NOT_QUITE,
+                          f"the check could not finish: {type(exc).__name__}: {str(exc)[:120]}")
+    print(verdict.text)
+    return verdict
+
+
+def _verdict(number: int, wrong: list[str], solved: str) -> Verdict:
+    return Verdict(number, NOT_QUITE, "; ".join(wrong)) if wrong else Verdict(number, SOLVED, solved)
+
+
+# -- the checks -----------------------------------------------------------------------
+
+def check_1(queue: Any, edit_refusal: Any = None) -> Verdict:
+    """Total 19000 by a NEW event, E0001 untouched, its edit refused (``batch_conflict``)."""
+    def body() -> Verdict:
+        world = _read(queue)
+        if edit_refusal is None and _untouched(world, 1):
+            raise _NotAttempted("try the edit of E0001 first, then add a new event and process it")
+        wrong = _compare(world, 19000, 4, _states(done=4, dead=1))
+        wrong += _refusal("the edit of E0001", edit_refusal, "batch_conflict", "E0001")
+        stored = world.messages.get("E0001")
+        if stored is None or stored.payload != E0001_PAYLOAD:
+            wrong.append(f"E0001's payload expected {E0001_PAYLOAD}, "
+                         f"found {stored.payload if stored else 'no message'}")
+        new = sorted(set(world.messages) - {"E0001", "E0002", "E0003", "E0004"})
+        if not new:
+            wrong.append("a new event id expected, found none")
+        wrong += _bypassed(world)
+        return _verdict(1, wrong, f"E0001 stayed as accepted (its edit was refused: batch_conflict) "
+                                  f"and {', '.join(new)} added the difference: {figures(world.status)}")
+    return _checked(1, body)
+
+
+def check_2(queue: Any, conflict_refusal: Any = None, why: Any = None) -> Verdict:
+    """The conflicting batch refused whole (line 2, E0001), E0005 absent, 17000 kept."""
+    def body() -> Verdict:
+        world = _read(queue)
+        if conflict_refusal is None and why is None and _untouched(world, 2):
+            raise _NotAttempted("enqueue the conflicting batch and keep what it raises")
+        wrong = _compare(world, 17000, 3, _states(done=3, dead=1))
+        if "E0005" in world.messages:
+            wrong.append(f"E0005 expected absent, found {world.messages['E0005'].state}")
+        wrong += _refusal("the conflicting batch", conflict_refusal, "batch_conflict", "E0001", 2)
+        if why != WHY_WHOLE_BATCH:
+            wrong.append(f"why the whole batch goes: expected the right letter, found {why!r}")
+        wrong += _bypassed(world)
+        return _verdict(2, wrong, "the batch was refused whole at line 2 (batch_conflict on "
+                                  f"E0001), so E0005 was not added: {figures(world.status)}")
+    return _checked(2, body)
+
+
+def check_3(queue: Any) -> Verdict:
+    """E0004 done by the newer handler after a redrive: 20000, effects 4, done 4, dead 0."""
+    def body() -> Verdict:
+        world = _read(queue)
+        if _untouched(world, 3):
+            raise _NotAttempted("add toy support, redrive E0004, then run a worker")
+        wrong = _compare(world, 20000, 4, _states(done=4))
+        toy = world.effects.get("E0004")
+        if toy != Effect("toy", 3000):
+            wrong.append(f"E0004's effect expected toy 3000, found {toy or 'none'}")
+        redrives = sum(t.reason == "redrive" for t in world.journal if t.event_id == "E0004")
+        if redrives == 0:
+            wrong.append("a redrive of E0004 expected, found none")
+        wrong += _bypassed(world)
+        wasted = "" if redrives < 2 else f" ({redrives - 1} redrive before the fix went dead again)"
+        return _verdict(3, wrong, f"toy support first, then redrive: {figures(world.status)}{wasted}")
+    return _checked(3, body)
+
+
+def _stale(label: str, part: Any, world: _World, after_redrive: bool) -> list[str]:
+    """What is wrong with a (stalled lease, refusal) pair of exercise 4."""
+    if part is None:
+        return [f"{label}: expected (stalled lease, refusal), found None"]
+    if not isinstance(part, tuple) or len(part) != 2 or not isinstance(part[0], Lease):
+        return [f"{label}: expected a pair (stalled lease, refusal), found {type(part).__name__}"]
+    lease, error = part
+    wrong = _refusal(label, error, "stale_generation", lease.event_id)
+    stored = world.messages.get(lease.event_id)
+    if stored is not None and stored.generation <= lease.generation:
+        wrong.append(f"{label}: generation of {lease.event_id} expected above the stalled "
+                     f"lease's {lease.generation}, found {stored.generation}")
+    redriven = [t.generation for t in world.journal
+                if t.event_id == lease.event_id and t.reason == "redrive"]
+    if after_redrive and not any(lease.generation <= g for g in redriven):
+        wrong.append(f"{label}: expected the stalled lease (generation {lease.generation}) "
+                     f"to be older than a redrive of {lease.event_id}, found "
+                     f"{'no redrive' if not redriven else 'it was taken after the redrive'}")
+    return wrong
+
+
+def check_4(queue: Any, before_redrive: Any = None, after_redrive: Any = None) -> Verdict:
+    """A stalled worker's late ACK refused (``stale_generation``), also after a redrive;
+    E0004 finally done once: total 3000, effects 1, done 1."""
+    def body() -> Verdict:
+        world = _read(queue)
+        if before_redrive is None and after_redrive is None and _untouched(world, 4):
+            raise _NotAttempted("let a stalled worker's lease expire, then try its late ACK")
+        wrong = _compare(world, 3000, 1, _states(done=1))
+        wrong += _stale("before the redrive", before_redrive, world, after_redrive=False)
+        wrong += _stale("after the redrive", after_redrive, world, after_redrive=True)
+        wrong += _bypassed(world)
+        late = after_redrive[0] if not wrong else None
+        return _verdict(4, wrong, "the generation fenced the stalled worker twice, the second "
+                                  f"time after a redrive (its attempt {late.attempt if late else 0}"
+                                  f" looked current again): {figures(world.status)}")
+    return _checked(4, body)
+
+
+def _rows(path: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return [row for table in ("messages", "effects", "transitions")
+                for row in conn.execute(f"SELECT '{table}', * FROM {table} ORDER BY 2")]
+    finally:
+        conn.close()
+
+
+def _as_mapping(found: Any) -> dict[str, int] | None:
+    try:
+        mapping = dict(found)
+    except (TypeError, ValueError):
+        return None
+    return mapping if all(isinstance(k, str) for k in mapping) else None
+
+
+def _trial(fn: Callable[[str], Any], queue: Queue, case: str) -> str | None:
+    """Run the learner's metric on one prepared database; what is wrong, or None."""
+    expected = dict(queue.metrics().dead_attempts)   # the answer key
+    before = _rows(queue.path)
+    try:
+        found = fn(queue.path)
+    except Exception as exc:  # the learner's function may fail in any way
+        return f"on '{case}' your function raised {type(exc).__name__}: {str(exc)[:80]}"
+    if _rows(queue.path) != before:
+        return f"on '{case}' your function changed the database it measures"
+    mapping = _as_mapping(found)
+    if mapping != expected:
+        shown = dict(sorted(mapping.items())) if mapping is not None else repr(found)[:60]
+        return f"on '{case}' expected {expected}, found {shown}"
+    return None
+
+
+def check_5(dead_attempts: Any) -> Verdict:
+    """Compare ``dead_attempts(db_path) -> {event_id: attempts}`` against
+    ``Queue.metrics().dead_attempts`` on several prepared databases."""
+    def body() -> Verdict:
+        if dead_attempts is None:
+            raise _NotAttempted("replace None with your function db_path -> {event_id: attempts}")
+        if not callable(dead_attempts):
+            return Verdict(5, NOT_QUITE, f"expected a function, found {type(dead_attempts).__name__}")
+        cases = 0
+        with tempfile.TemporaryDirectory(prefix="queue-exercise-5-") as workdir:
+            for name, stages in (("reference", reference_cases), ("silent", silent_and_transient),
+                                 ("malformed", malformed_cases)):
+                queue = fresh(workdir, name)
+                for case in stages(queue):
+                    cases += 1
+                    wrong = _trial(dead_attempts, queue, case)
+                    if wrong:
+                        return Verdict(5, NOT_QUITE, wrong)
+        return Verdict(5, SOLVED, f"your metric matches Queue.metrics().dead_attempts on all "
+                                  f"{cases} prepared databases, silent expiries included")
+    return _checked(5, body)
+
+
+def check_6(queue: Any, naive_run: Any = None) -> Verdict:
+    """The naive worker ACKed first and died before its INSERT: E0003 done, no effect."""
+    def body() -> Verdict:
+        world = _read(queue)
+        if naive_run is None and _untouched(world, 6):
+            raise _NotAttempted("write the naive steps, ACK first, and run the naive worker")
+        if not isinstance(naive_run, NaiveRun):
+            return Verdict(6, NOT_QUITE, "the naive worker's run: expected what "
+                                         f"run_naive_worker returned, found {naive_run!r}")
+        if naive_run.error:
+            return Verdict(6, NOT_QUITE, f"step {naive_run.committed + 1} failed in the worker: "
+                                         f"{naive_run.error}")
+        wrong = []
+        if naive_run.exit_code != CRASH_EXIT_CODE or naive_run.committed != 1:
+            wrong.append(f"exit code expected {CRASH_EXIT_CODE} after step 1, found "
+                         f"{naive_run.exit_code} after step {naive_run.committed}")
+        wrong += _compare(world, 0, 0, _states(done=1))
+        if "E0003" in world.effects:
+            wrong.append("the INSERT committed first: that order doubles on a retry instead "
+                         "(notebook 02); put the ACK first to see the loss")
+        return _verdict(6, wrong, "the ACK committed, then the worker died before its INSERT "
+                                  f"(exit code {CRASH_EXIT_CODE}): E0003 is done, so no claim will "
+                                  f"ever hand it out again, and its 5000 are lost: {figures(world.status)}")
+    return _checked(6, body)
+

@@ -1,0 +1,349 @@
+"""Every exercise check fails on its untouched start and on a plausible wrong
+answer, and passes once the reference solution's steps are applied, all
+through the public API a learner uses in notebook 09.
+
+The steps applied here are those of notebooks/solutions/09_exercises_solutions.ipynb,
+which nbval re-executes too. Each solved case also reads the database back
+through a second connection, so a check that said "solved" too easily fails.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from conftest import DATA, read_back, snapshot
+from queue_core import BatchRejected, Handler, Lease, LeaseLost, Queue, drain, finish, exercises
+from queue_core.exercises import NOT_ATTEMPTED, NOT_QUITE, SOLVED, Verdict
+
+NEW_E0005 = '{"event_id": "E0005", "payload": {"category": "pen", "amount_cents": 2000}}'
+EDIT_E0001 = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 12000}}'
+ACK = "UPDATE messages SET state = 'done', lease_until = NULL WHERE event_id = :event_id AND generation = :generation"
+INSERT = "INSERT INTO effects (event_id, category, amount_cents) VALUES (:event_id, :category, :amount_cents)"
+
+
+def figures(db: str) -> tuple[int, int, dict[str, int]]:
+    """Total, effect count and states, as a second connection reads them."""
+    total, effects = read_back(Path(db), "SELECT coalesce(sum(amount_cents), 0), count(*) FROM effects")[0]
+    states = dict(read_back(Path(db), "SELECT state, count(*) FROM messages GROUP BY state"))
+    return total, effects, states
+
+
+def one_verdict(capsys: pytest.CaptureFixture[str], verdict: Verdict) -> str:
+    """The check printed exactly one line, and it is the verdict it returned."""
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [verdict.text]
+    return verdict.text
+
+
+def refused(action: Callable[[], Any]) -> Exception:
+    with pytest.raises((BatchRejected, LeaseLost)) as caught:
+        action()
+    return caught.value
+
+
+# -- exercise 1 ---------------------------------------------------------------------
+
+def test_exercise_1_untouched_start_is_not_attempted(tmp_path: Path, capsys) -> None:
+    queue = exercises.start_1(tmp_path)
+    verdict = exercises.check_1(queue, None)
+    assert verdict.status == NOT_ATTEMPTED
+    assert one_verdict(capsys, verdict).startswith("Not attempted yet: ")
+
+
+def test_exercise_1_a_silent_edit_reaching_19000_with_three_effects_is_not_quite(tmp_path: Path, capsys) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    conn = sqlite3.connect(queue.path)  # the edit the protocol refused, done behind its back
+    conn.execute("UPDATE effects SET amount_cents = 12000 WHERE event_id = 'E0001'")
+    conn.commit()
+    conn.close()
+    verdict = exercises.check_1(queue, refusal)
+    assert figures(queue.path)[0] == 19000
+    assert verdict.status == NOT_QUITE
+    assert "effects expected 4, found 3" in one_verdict(capsys, verdict)
+
+
+def test_exercise_1_a_new_event_enqueued_but_not_processed_is_not_quite(tmp_path: Path, capsys) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    queue.enqueue_jsonl(NEW_E0005)
+    verdict = exercises.check_1(queue, refusal)
+    assert verdict.status == NOT_QUITE
+    text = one_verdict(capsys, verdict)
+    assert "total expected 19000, found 17000" in text and "ready expected 0, found 1" in text
+
+
+def test_exercise_1_without_trying_the_edit_is_not_quite(tmp_path: Path) -> None:
+    queue = exercises.start_1(tmp_path)
+    queue.enqueue_jsonl(NEW_E0005)
+    drain(queue, Handler())
+    assert exercises.check_1(queue, None).status == NOT_QUITE
+
+
+def test_exercise_1_a_new_event_after_the_refused_edit_is_solved(tmp_path: Path, capsys) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    assert refusal.code == "batch_conflict"
+    queue.enqueue_jsonl(NEW_E0005)
+    drain(queue, Handler())
+    verdict = exercises.check_1(queue, refusal)
+    assert verdict.status == SOLVED, one_verdict(capsys, verdict)
+    assert figures(queue.path) == (19000, 4, {"done": 4, "dead": 1})
+    assert read_back(Path(queue.path), "SELECT amount_cents FROM effects WHERE event_id = 'E0001'") == [(10000,)]
+
+
+# -- exercise 2 ---------------------------------------------------------------------
+
+def test_exercise_2_untouched_start_is_not_attempted(tmp_path: Path) -> None:
+    assert exercises.check_2(exercises.start_2(tmp_path)).status == NOT_ATTEMPTED
+
+
+def test_exercise_2_sneaking_e0005_in_by_its_own_batch_is_not_quite(tmp_path: Path, capsys) -> None:
+    queue = exercises.start_2(tmp_path)
+    refusal = refused(lambda: queue.enqueue_file(DATA / "conflict.jsonl"))
+    queue.enqueue_jsonl(NEW_E0005)
+    verdict = exercises.check_2(queue, refusal, exercises.WHY_WHOLE_BATCH)
+    assert verdict.status == NOT_QUITE
+    assert "E0005 expected absent, found ready" in one_verdict(capsys, verdict)
+
+
+@pytest.mark.parametrize("why", ["a", "c", None], ids=["choice-a", "choice-c", "no-choice"])
+def test_exercise_2_a_wrong_or_missing_explanation_is_not_quite(tmp_path: Path, why: Any) -> None:
+    queue = exercises.start_2(tmp_path)
+    refusal = refused(lambda: queue.enqueue_file(DATA / "conflict.jsonl"))
+    assert exercises.check_2(queue, refusal, why).status == NOT_QUITE
+
+
+def test_exercise_2_the_batch_refused_whole_with_the_right_reason_is_solved(tmp_path: Path) -> None:
+    queue = exercises.start_2(tmp_path)
+    before = snapshot(Path(queue.path))
+    refusal = refused(lambda: queue.enqueue_file(DATA / "conflict.jsonl"))
+    assert (refusal.code, refusal.line) == ("batch_conflict", 2)
+    assert exercises.check_2(queue, refusal, "b").status == SOLVED
+    assert snapshot(Path(queue.path)) == before
+
+
+# -- exercise 3 ---------------------------------------------------------------------
+
+def test_exercise_3_untouched_start_is_not_attempted(tmp_path: Path) -> None:
+    assert exercises.check_3(exercises.start_3(tmp_path)).status == NOT_ATTEMPTED
+
+
+def test_exercise_3_a_redrive_without_the_fix_is_not_quite(tmp_path: Path, capsys) -> None:
+    queue = exercises.start_3(tmp_path)
+    queue.redrive("E0004")
+    drain(queue, Handler())
+    verdict = exercises.check_3(queue)
+    assert verdict.status == NOT_QUITE
+    assert "dead expected 0, found 1" in one_verdict(capsys, verdict)
+
+
+def test_exercise_3_twenty_thousand_from_a_new_event_while_e0004_stays_dead_is_not_quite(
+        tmp_path: Path, capsys) -> None:
+    queue = exercises.start_3(tmp_path)
+    queue.enqueue_jsonl('{"event_id": "E0005", "payload": {"category": "book", "amount_cents": 3000}}')
+    drain(queue, Handler())
+    assert figures(queue.path)[:2] == (20000, 4)
+    verdict = exercises.check_3(queue)
+    assert verdict.status == NOT_QUITE
+    assert "dead expected 0, found 1" in one_verdict(capsys, verdict)
+
+
+def test_exercise_3_support_first_then_redrive_is_solved(tmp_path: Path) -> None:
+    queue = exercises.start_3(tmp_path)
+    newer = Handler().supporting("toy")
+    queue.redrive("E0004")
+    drain(queue, newer)
+    assert exercises.check_3(queue).status == SOLVED
+    assert figures(queue.path) == (20000, 4, {"done": 4})
+
+
+# -- exercise 4 ---------------------------------------------------------------------
+
+def stalled_worker_story(queue: Queue) -> tuple[tuple[Lease, Exception], tuple[Lease, Exception], Lease]:
+    """The reference solution: W1 stalls, W2 sends E0004 dead, a redrive, W3 finishes."""
+    handler = Handler()
+    w1 = queue.claim()
+    queue.clock.advance(2)  # type: ignore[attr-defined]
+    w2 = queue.claim()
+    assert w1 is not None and w2 is not None
+    before = (w1, refused(lambda: queue.complete(w1, handler)))
+    finish(queue, w2, handler)
+    queue.redrive("E0004")
+    newer = handler.supporting("toy")
+    w3 = queue.claim()
+    assert w3 is not None and w3.attempt == w1.attempt == 1
+    after = (w1, refused(lambda: queue.complete(w1, newer)))
+    queue.complete(w3, newer)
+    return before, after, w3
+
+
+def test_exercise_4_untouched_start_is_not_attempted(tmp_path: Path) -> None:
+    assert exercises.check_4(exercises.start_4(tmp_path)).status == NOT_ATTEMPTED
+
+
+def test_exercise_4_a_refusal_before_the_redrive_only_with_e0004_left_dead_is_not_quite(
+        tmp_path: Path, capsys) -> None:
+    queue = exercises.start_4(tmp_path)
+    handler = Handler()
+    w1 = queue.claim()
+    queue.clock.advance(2)  # type: ignore[attr-defined]
+    w2 = queue.claim()
+    assert w1 is not None and w2 is not None
+    before = (w1, refused(lambda: queue.complete(w1, handler)))
+    finish(queue, w2, handler)
+    verdict = exercises.check_4(queue, before, None)
+    assert verdict.status == NOT_QUITE
+    text = one_verdict(capsys, verdict)
+    assert "dead expected 0, found 1" in text and "after the redrive" in text
+
+
+def test_exercise_4_a_stalled_lease_taken_after_the_redrive_is_not_quite(tmp_path: Path) -> None:
+    queue = exercises.start_4(tmp_path)
+    before, _, w3 = stalled_worker_story(queue)
+    late = (w3, LeaseLost("stale_generation", "made up", event_id="E0004"))
+    assert exercises.check_4(queue, before, late).status == NOT_QUITE
+
+
+def test_exercise_4_the_stalled_worker_fenced_before_and_after_a_redrive_is_solved(tmp_path: Path) -> None:
+    queue = exercises.start_4(tmp_path)
+    before, after, _ = stalled_worker_story(queue)
+    assert before[1].code == after[1].code == "stale_generation"
+    assert exercises.check_4(queue, before, after).status == SOLVED
+    assert figures(queue.path) == (3000, 1, {"done": 1})
+
+
+# -- exercise 5 ---------------------------------------------------------------------
+
+def sql_metric(sql: str) -> Callable[[str], dict[str, int]]:
+    def metric(db_path: str) -> dict[str, int]:
+        conn = sqlite3.connect(db_path)
+        try:
+            return dict(conn.execute(sql))
+        finally:
+            conn.close()
+    return metric
+
+
+def test_exercise_5_a_none_placeholder_is_not_attempted() -> None:
+    assert exercises.check_5(None).status == NOT_ATTEMPTED
+
+
+@pytest.mark.parametrize("sql, trap", [
+    ("SELECT event_id, generation FROM messages WHERE state = 'dead'", "dead again"),
+    ("SELECT event_id, attempts FROM messages WHERE state = 'dead' OR attempts >= 3", "not yet noticed"),
+    ("SELECT event_id, attempts FROM messages WHERE state = 'dead' AND last_error = 'invalid_payload'",
+     "three transient"),
+], ids=["generation-not-attempts", "leased-counted-as-dead", "only-invalid-payloads"])
+def test_exercise_5_a_plausible_wrong_metric_is_not_quite_on_its_trap(sql: str, trap: str, capsys) -> None:
+    verdict = exercises.check_5(sql_metric(sql))
+    assert verdict.status == NOT_QUITE
+    assert trap in one_verdict(capsys, verdict)
+
+
+def test_exercise_5_a_metric_that_recovers_leases_changes_the_database_and_is_not_quite() -> None:
+    def recovering(db_path: str) -> dict[str, int]:
+        queue = Queue(db_path, lease_seconds=2)
+        queue.claim()  # a claim recovers expired leases: a metric must not
+        return dict(queue.metrics().dead_attempts)
+    verdict = exercises.check_5(recovering)
+    assert verdict.status == NOT_QUITE and "changed the database" in verdict.text
+
+
+def test_exercise_5_a_metric_that_raises_is_not_quite_and_the_check_does_not_raise() -> None:
+    assert exercises.check_5(lambda db_path: 1 / 0).status == NOT_QUITE
+
+
+def test_exercise_5_the_attempts_of_dead_rows_is_solved_and_matches_metrics(tmp_path: Path) -> None:
+    metric = sql_metric("SELECT event_id, attempts FROM messages WHERE state = 'dead'")
+    assert exercises.check_5(metric).status == SOLVED
+    queue = exercises.start_5(tmp_path)
+    assert metric(queue.path) == dict(queue.metrics().dead_attempts) == {"E0501": 3, "E0502": 3}
+
+
+# -- exercise 6 ---------------------------------------------------------------------
+
+def test_exercise_6_untouched_start_is_not_attempted(tmp_path: Path, capsys) -> None:
+    queue = exercises.start_6(tmp_path)
+    assert exercises.run_naive_worker(queue, None) is None
+    assert capsys.readouterr().out.startswith("Nothing to run yet")
+    assert exercises.check_6(queue, None).status == NOT_ATTEMPTED
+
+
+def test_exercise_6_insert_before_ack_keeps_the_money_and_is_not_quite(tmp_path: Path) -> None:
+    queue = exercises.start_6(tmp_path)
+    run = exercises.run_naive_worker(queue, [INSERT, ACK])
+    assert run is not None and (run.exit_code, run.committed) == (86, 1)
+    assert figures(queue.path) == (5000, 1, {"leased": 1})
+    assert exercises.check_6(queue, run).status == NOT_QUITE
+
+
+def test_exercise_6_a_step_the_schema_refuses_is_reported_not_raised(tmp_path: Path) -> None:
+    queue = exercises.start_6(tmp_path)
+    run = exercises.run_naive_worker(queue, ["UPDATE messages SET state = 'done' WHERE event_id = :event_id", INSERT])
+    assert run is not None and run.committed == 0 and "lease_until_iff_leased" in (run.error or "")
+    assert exercises.check_6(queue, run).status == NOT_QUITE
+
+
+def test_exercise_6_ack_before_insert_and_a_real_crash_lose_the_effect_and_is_solved(tmp_path: Path) -> None:
+    queue = exercises.start_6(tmp_path)
+    run = exercises.run_naive_worker(queue, [ACK, INSERT])
+    assert run is not None and (run.exit_code, run.committed) == (86, 1)
+    assert exercises.check_6(queue, run).status == SOLVED
+    assert figures(queue.path) == (0, 0, {"done": 1})
+    assert queue.claim() is None  # done: no worker will ever be handed E0003 again
+
+
+# -- every check ----------------------------------------------------------------------
+
+CHECKS: list[tuple[str, Callable[..., Verdict], tuple[Any, ...]]] = [
+    ("check_1", exercises.check_1, (42, "not an error")),
+    ("check_2", exercises.check_2, ("no such file", object(), 7)),
+    ("check_3", exercises.check_3, (None,)),
+    ("check_4", exercises.check_4, (3.5, ("a", "b"), [1])),
+    ("check_5", exercises.check_5, ("SELECT 1",)),
+    ("check_6", exercises.check_6, (b"bytes", "not a run")),
+]
+
+
+@pytest.mark.parametrize("name, check, args", CHECKS, ids=[c[0] for c in CHECKS])
+def test_a_check_given_garbage_prints_one_verdict_and_never_raises(name: str, check: Callable[..., Verdict],
+                                                                 args: tuple[Any, ...], capsys) -> None:
+    verdict = check(*args)
+    assert verdict.status in (NOT_ATTEMPTED, NOT_QUITE)
+    one_verdict(capsys, verdict)
+
+
+@pytest.mark.parametrize("number", [1, 2, 3, 4, 6])
+def test_a_check_on_a_wrong_file_type_is_not_quite_and_leaves_the_file_alone(tmp_path: Path, number: int) -> None:
+    other = tmp_path / "other.sqlite3"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    before = other.read_bytes()
+    verdict = getattr(exercises, f"check_{number}")(other)
+    assert verdict.status == NOT_QUITE
+    assert other.read_bytes() == before
+
+
+def test_a_check_reads_without_writing_and_its_text_holds_no_path(tmp_path: Path) -> None:
+    queue = exercises.start_3(tmp_path)
+    queue.redrive("E0004")
+    drain(queue, Handler())
+    before = snapshot(Path(queue.path))
+    verdicts = [exercises.check_3(queue), exercises.check_3(queue.path), exercises.check_3(str(queue.path))]
+    assert snapshot(Path(queue.path)) == before
+    assert len({v.text for v in verdicts}) == 1 and str(tmp_path) not in verdicts[0].text
+
+
+def test_running_a_start_again_starts_the_exercise_over(tmp_path: Path) -> None:
+    queue = exercises.start_6(tmp_path)
+    exercises.run_naive_worker(queue, [ACK, INSERT])
+    again = exercises.start_6(tmp_path)
+    assert figures(again.path) == (0, 0, {"ready": 1})
+    assert exercises.check_6(again, None).status == NOT_ATTEMPTED
