@@ -17,6 +17,7 @@ from typing import Sequence
 from .clock import Clock, ModelClock, SystemClock
 from .errors import QueueError
 from .handler import Handler
+from .ingest import read_batch
 from .queue import Queue
 from .worker import drain
 
@@ -68,10 +69,12 @@ def _run(args: argparse.Namespace) -> int:
         from .demo import run_demo
         run_demo()
         return 0
+    # A rejected batch must leave no trace, not even a new empty database file.
+    batch = read_batch(args.file) if args.command == "enqueue" else None
     clock: Clock = SystemClock() if args.now is None else ModelClock(args.now)
     queue = Queue(args.db, clock=clock, lease_seconds=getattr(args, "lease_seconds", 30))
-    if args.command == "enqueue":
-        result = queue.enqueue_file(args.file)
+    if batch is not None:
+        result = queue.enqueue(batch)
         print(f"inserted {result.inserted}, duplicates {result.duplicates}")
     elif args.command == "work":
         handler = Handler().supporting(*args.accept)

@@ -1,0 +1,235 @@
+"""The command-line contract, through real subprocesses in a scratch folder:
+``python -m queue_core`` and the ``queue-core`` console script alike."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA, snapshot
+from observe import expect, ledger, row
+from queue_core import Handler, ModelClock, Queue, drain
+
+MODULE = [sys.executable, "-m", "queue_core"]
+SCRIPT = Path(sys.executable).parent / "queue-core"
+LAUNCHERS = {
+    "python-m": MODULE,
+    "console-script": pytest.param(
+        [str(SCRIPT)], marks=pytest.mark.skipif(not SCRIPT.exists(),
+                                                reason="queue-core is not installed in this venv")),
+}
+REFUSAL = re.compile(r"^(line \d+: )?[a-z][a-z0-9_]*: \S[^\n]*\n$")
+
+
+def run(cwd: Path, *args: str, launcher: list[str] = MODULE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*launcher, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def outcomes(stdout: str) -> list[tuple[str, str]]:
+    """(event id, kind) per outcome line of ``work``; the summary line is last."""
+    lines = stdout.splitlines()
+    assert lines[-1].startswith("nothing left to claim"), stdout
+    return [tuple(text.split()[:2]) for text in lines[:-1]]  # type: ignore[misc]
+
+
+def status_json(cwd: Path, *global_args: str, launcher: list[str] = MODULE) -> dict:
+    result = run(cwd, *global_args, "status", "--json", launcher=launcher)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # exactly one JSON object, nothing else
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    shutil.copy(DATA / "demo.jsonl", tmp_path / "demo.jsonl")
+    shutil.copy(DATA / "conflict.jsonl", tmp_path / "conflict.jsonl")
+    return tmp_path
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS.values(), ids=LAUNCHERS.keys())
+def test_the_smoke_run_recovers_toy_to_20000_after_a_redrive_with_the_fix(
+        scratch: Path, launcher: list[str]) -> None:
+    db = ["--db", "smoke.sqlite3", "--now", "1000"]
+
+    enqueued = run(scratch, *db, "enqueue", "demo.jsonl", launcher=launcher)
+    assert (enqueued.returncode, enqueued.stdout.strip()) == (0, "inserted 4, duplicates 1")
+
+    worked = run(scratch, *db, "work", launcher=launcher)
+    assert worked.returncode == 0, worked.stderr  # dead outcomes are not an error
+    assert outcomes(worked.stdout) == [("E0001", "done"), ("E0002", "done"), ("E0003", "done"),
+                                       ("E0004", "dead")]
+    assert status_json(scratch, *db, launcher=launcher) == {
+        "states": {"ready": 0, "leased": 0, "done": 3, "dead": 1},
+        "effects": 3, "totals": {"book": 15000, "pen": 2000}, "total": 17000}
+
+    assert run(scratch, *db, "redrive", "E0004", launcher=launcher).returncode == 0
+    again = run(scratch, *db, "work", launcher=launcher)
+    assert (again.returncode, outcomes(again.stdout)) == (0, [("E0004", "dead")])
+    assert status_json(scratch, *db, launcher=launcher)["states"] == \
+        {"ready": 0, "leased": 0, "done": 3, "dead": 1}
+
+    assert run(scratch, *db, "redrive", "E0004", launcher=launcher).returncode == 0
+    fixed = run(scratch, *db, "work", "--accept", "toy", launcher=launcher)
+    assert (fixed.returncode, outcomes(fixed.stdout)) == (0, [("E0004", "done")])
+    assert status_json(scratch, *db, launcher=launcher) == {
+        "states": {"ready": 0, "leased": 0, "done": 4, "dead": 0},
+        "effects": 4, "totals": {"book": 15000, "pen": 2000, "toy": 3000}, "total": 20000}
+
+    repeat = run(scratch, *db, "enqueue", "demo.jsonl", launcher=launcher)
+    assert (repeat.returncode, repeat.stdout.strip()) == (0, "inserted 0, duplicates 5")
+    assert ledger(scratch / "smoke.sqlite3") == expect(total=20000, effects=4, done=4)
+    assert (row(scratch / "smoke.sqlite3", "E0004")["generation"],
+            row(scratch / "smoke.sqlite3", "E0004")["attempts"]) == (3, 1)
+
+
+REJECTIONS = {
+    "conflict": ("conflict.jsonl", "batch_conflict", 2),
+    "not-json": ("reject_not_json.jsonl", "invalid_json", 2),
+    "not-utf8": ("reject_not_utf8.jsonl", "invalid_utf8", 1),
+    "event-id": ("reject_event_id.jsonl", "invalid_event_id", 2),
+}
+
+
+@pytest.mark.parametrize("name, code, line", REJECTIONS.values(), ids=REJECTIONS.keys())
+def test_a_rejected_batch_exits_2_with_line_and_code_and_leaves_the_database_unchanged(
+        scratch: Path, name: str, code: str, line: int) -> None:
+    Queue(scratch / "q.sqlite3", clock=ModelClock(1000)).enqueue_file(DATA / "demo.jsonl")
+    before = snapshot(scratch / "q.sqlite3")
+
+    result = run(scratch, "--db", "q.sqlite3", "--now", "1000", "enqueue", str(DATA / name))
+
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"line {line}: {code}: ")
+    assert REFUSAL.match(result.stderr) and "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert snapshot(scratch / "q.sqlite3") == before
+    assert ledger(scratch / "q.sqlite3") == expect(total=0, effects=0, ready=4)
+
+
+def test_a_rejected_batch_does_not_even_create_the_database_file(scratch: Path) -> None:
+    result = run(scratch, "--db", "fresh.sqlite3", "enqueue", str(DATA / "reject_nan.jsonl"))
+
+    assert (result.returncode, result.stderr.split(":")[:2]) == (2, ["line 1", " non_finite_number"])
+    assert not (scratch / "fresh.sqlite3").exists()
+
+
+def test_a_missing_file_exits_2_with_a_file_level_code(scratch: Path) -> None:
+    result = run(scratch, "--now", "1000", "enqueue", "no-such-file.jsonl")
+
+    assert result.returncode == 2
+    assert result.stderr.startswith("file_not_found: ") and REFUSAL.match(result.stderr)
+    assert "Traceback" not in result.stderr
+    assert not (scratch / "queue.sqlite3").exists()
+
+
+@pytest.mark.parametrize("event_id, code", [("E0001", "not_redrivable"),
+                                            ("E9999", "unknown_event"),
+                                            ("bogus", "unknown_event")])
+def test_redrive_of_a_message_that_is_not_dead_exits_2_and_changes_nothing(
+        scratch: Path, event_id: str, code: str) -> None:
+    queue = Queue(scratch / "q.sqlite3", clock=ModelClock(1000))
+    queue.enqueue_file(DATA / "demo.jsonl")
+    drain(queue, Handler())
+    before = snapshot(scratch / "q.sqlite3")
+
+    result = run(scratch, "--db", "q.sqlite3", "--now", "1000", "redrive", event_id)
+
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"{code}: ") and REFUSAL.match(result.stderr)
+    assert snapshot(scratch / "q.sqlite3") == before
+    assert ledger(scratch / "q.sqlite3") == expect(total=17000, effects=3, done=3, dead=1)
+
+
+def test_the_default_database_is_queue_sqlite3_in_the_current_folder(scratch: Path) -> None:
+    assert run(scratch, "--now", "1000", "enqueue", "demo.jsonl").returncode == 0
+    assert run(scratch, "--now", "1000", "work").returncode == 0
+
+    assert (scratch / "queue.sqlite3").is_file()
+    assert status_json(scratch)["total"] == 17000
+    assert ledger(scratch / "queue.sqlite3") == expect(total=17000, effects=3, done=3, dead=1)
+
+
+def test_work_on_an_empty_queue_exits_0_having_processed_nothing(scratch: Path) -> None:
+    result = run(scratch, "--now", "1000", "work", "--lease-seconds", "2")
+
+    assert (result.returncode, outcomes(result.stdout)) == (0, [])
+    assert status_json(scratch) == {"states": {"ready": 0, "leased": 0, "done": 0, "dead": 0},
+                                    "effects": 0, "totals": {}, "total": 0}
+
+
+def test_work_takes_only_what_is_due_at_now(scratch: Path) -> None:
+    assert run(scratch, "--now", "2000", "enqueue", "demo.jsonl").returncode == 0
+
+    early = run(scratch, "--now", "1999", "work")
+    due = run(scratch, "--now", "2000", "work", "--batch-size", "3")
+
+    assert (early.returncode, outcomes(early.stdout)) == (0, [])
+    assert sorted(outcomes(due.stdout)) == [("E0001", "done"), ("E0002", "done"),
+                                            ("E0003", "done"), ("E0004", "dead")]
+    assert ledger(scratch / "queue.sqlite3") == expect(total=17000, effects=3, done=3, dead=1)
+
+
+def test_status_without_json_prints_the_same_figures(scratch: Path) -> None:
+    run(scratch, "--now", "1000", "enqueue", "demo.jsonl")
+    run(scratch, "--now", "1000", "work")
+
+    text = run(scratch, "status").stdout
+
+    assert "done 3" in text and "dead 1" in text
+    assert re.search(r"^total:\s+17000$", text, re.M)
+    assert re.search(r"^\s+book\s+15000$", text, re.M)
+
+
+@pytest.mark.parametrize("args", [["--now", "-5", "status"], ["--now", "soon", "status"],
+                                  ["work", "--lease-seconds", "0"], ["frobnicate"], []],
+                         ids=["negative-now", "word-now", "zero-lease", "unknown-command",
+                              "no-command"])
+def test_bad_arguments_exit_2_without_a_traceback(scratch: Path, args: list[str]) -> None:
+    result = run(scratch, *args)
+
+    assert result.returncode == 2
+    assert "usage:" in result.stderr and "Traceback" not in result.stderr
+    assert not (scratch / "queue.sqlite3").exists()
+
+
+@pytest.mark.parametrize("make", [
+    lambda folder: folder,
+    lambda folder: (folder / "junk.sqlite3").write_text("not a database " * 100) and
+    folder / "junk.sqlite3",
+    lambda folder: folder / "no-such-folder" / "q.sqlite3",
+], ids=["a-directory", "not-a-database", "missing-folder"])
+def test_an_unusable_database_file_is_an_operational_error_exit_1(scratch: Path, make) -> None:
+    db = make(scratch)
+
+    result = run(scratch, "--db", str(db), "status")
+
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: database_error: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_the_demo_prints_the_reference_figures(tmp_path: Path) -> None:
+    result = run(tmp_path, "demo")
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    figures = {text.split(":", 1)[0]: text.split(":", 1)[1].strip() for text in lines
+               if text.startswith(("snapshot:", "final:", "after the fix:"))}
+    assert figures == {
+        "snapshot": "total=10000 (book=10000); effects 1; ready 1, leased 1, done 1, dead 1",
+        "final": "total=17000 (book=15000, pen=2000); effects 3; "
+                 "ready 0, leased 0, done 3, dead 1",
+        "after the fix": "total=20000 (book=15000, pen=2000, toy=3000); effects 4; "
+                         "ready 0, leased 0, done 4, dead 0",
+    }
+    assert "4 messages, 1 duplicate" in lines[0]
+    assert any("exit code 86" in text and "E0003 is leased, generation 1" in text
+               for text in lines)
+    assert any("0 inserted, 5 duplicates; total still 17000" in text for text in lines)
+    assert any(text.startswith("redrive E0004 without the fix: E0004 dead") for text in lines)
+    assert list(tmp_path.iterdir()) == []  # the demo's database lived in a temporary folder
