@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
 import tempfile
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from .child import collect, run_child
 from .clock import ModelClock
@@ -103,9 +104,8 @@ def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] 
         cases = [(PROTOCOLS[name], step) for name in protocols for step in steps]
         results: dict[tuple[str, str], SweepRow] = {}
         crashes = [(p, s) for p, s in cases if s in p.points]
-        for start in range(0, len(crashes), max(1, jobs)):
-            for row in _crash_cases(crashes[start:start + max(1, jobs)], Path(tmp)):
-                results[row.protocol, row.step] = row
+        for row in _crash_cases(crashes, Path(tmp), max(1, jobs)):
+            results[row.protocol, row.step] = row
         for proto, step in cases:
             if step in SCHEDULES:
                 results[proto.name, step] = _stale_case(proto, step, _fresh(Path(tmp), proto, step))
@@ -114,29 +114,41 @@ def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] 
         return [results[p.name, s] for p, s in cases]
 
 
+def _queue(db: Path, clock: ModelClock) -> Queue:
+    # The sweep is about process death, not power loss: the armed worker keeps
+    # synchronous=FULL, while the set-up and the recovery in this process skip
+    # the fsync per commit (WAL with NORMAL survives any process crash).
+    return Queue(db, clock=clock, lease_seconds=LEASE_SECONDS, synchronous="NORMAL")
+
+
 def _fresh(tmp: Path, proto: Protocol, step: str) -> Path:
     db = tmp / f"{proto.name.replace(' ', '_')}-{step}.sqlite3"
-    Queue(db, clock=ModelClock(START), lease_seconds=LEASE_SECONDS).enqueue_jsonl(BATCH)
+    _queue(db, ModelClock(START)).enqueue_jsonl(BATCH)
     create_ledger(db)
     return db
 
 
-def _crash_cases(cases: Sequence[tuple[Protocol, str]], tmp: Path) -> list[SweepRow]:
-    dbs = [_fresh(tmp, proto, step) for proto, step in cases]
-    procs = [run_child(db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode="drain",
-                       accept=ACCEPT, protocol=proto.name, faults=FAULTS, wait=False)
-             for db, (proto, step) in zip(dbs, cases)]
-    rows = []
-    for db, proc, (proto, step) in zip(dbs, procs, cases):
-        result = collect(proc)  # type: ignore[arg-type]
-        if not result.crashed:
-            rows.append(SweepRow(proto.name, step, "not reached", 0, "the worker never got there"))
-            continue
-        clock = ModelClock(START)
-        finished = run_to_completion(Queue(db, clock=clock, lease_seconds=LEASE_SECONDS),
-                                     clock, current_handler(), proto)
-        rows.append(_row(proto, step, db, finished))
-    return rows
+def _crash_cases(cases: Sequence[tuple[Protocol, str]], tmp: Path,
+                 jobs: int) -> Iterator[SweepRow]:
+    """Keep ``jobs`` armed workers running; audit each as soon as it has died."""
+    running: deque[tuple[Protocol, str, Path, subprocess.Popen[str]]] = deque()
+    for proto, step in cases:
+        db = _fresh(tmp, proto, step)
+        running.append((proto, step, db, run_child(
+            db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode="drain",
+            accept=ACCEPT, protocol=proto.name, faults=FAULTS, wait=False)))  # type: ignore[arg-type]
+        if len(running) >= jobs:
+            yield _recover(*running.popleft())
+    while running:
+        yield _recover(*running.popleft())
+
+
+def _recover(proto: Protocol, step: str, db: Path, proc: subprocess.Popen[str]) -> SweepRow:
+    if not collect(proc).crashed:
+        return SweepRow(proto.name, step, "not reached", 0, "the worker never got there")
+    clock = ModelClock(START)
+    finished = run_to_completion(_queue(db, clock), clock, current_handler(), proto)
+    return _row(proto, step, db, finished)
 
 
 def run_to_completion(queue: Queue, clock: ModelClock, handler: Handler,
@@ -158,7 +170,7 @@ def _stale_case(proto: Protocol, step: str, db: Path) -> SweepRow:
     over (generation 2); the slow one wakes and finishes first; then the
     current holder finishes; then the queue runs to completion."""
     clock = ModelClock(START)
-    slow, other = (Queue(db, clock=clock, lease_seconds=LEASE_SECONDS) for _ in range(2))
+    slow, other = _queue(db, clock), _queue(db, clock)
     handler = current_handler()
     old_version = Handler() if step == "stale.fail" else handler
     stale_lease = slow.claim()
