@@ -108,10 +108,15 @@ STARTS: dict[int, Callable[[str | os.PathLike[str]], Queue]] = {
 
 # -- exercise 5: prepared databases ----------------------------------------------------
 
+def _line(event_id: str, category: str, amount_cents: int) -> str:
+    return json.dumps({"event_id": event_id,
+                       "payload": {"category": category, "amount_cents": amount_cents}})
+
+
 def silent_and_transient(queue: Queue) -> Iterator[str]:
     """E0501 dies after three transient failures; E0502's three workers are real
     processes that crash; E0503 is done. Yields a case name at each stage."""
-    queue.enqueue_jsonl('{"event_id": "E0501", "payload": {"category": "pen", "amount_cents": 700}}')
+    queue.enqueue_jsonl(_line("E0501", "pen", 700))
     clock: ModelClock = queue.clock  # type: ignore[assignment]
     for t in (START, START + 1, START + 3):   # backoff 1 s, then 2 s; the third claim ends dead
         clock.set(t)
@@ -119,12 +124,12 @@ def silent_and_transient(queue: Queue) -> Iterator[str]:
         assert lease is not None
         queue.fail(lease, "transient_error")
     yield "three transient failures"
-    queue.enqueue_jsonl('{"event_id": "E0502", "payload": {"category": "bag", "amount_cents": 900}}')
+    queue.enqueue_jsonl(_line("E0502", "bag", 900))
     for t in (START + 3, START + 5, START + 7):   # each worker process dies before COMMIT
         run_child(queue.path, now=t, lease_seconds=LEASE_SECONDS, crash_at="complete.after_insert")
     clock.set(START + 9)
     yield "three silent lease expiries, not yet noticed by a claim"
-    queue.enqueue_jsonl('{"event_id": "E0503", "payload": {"category": "book", "amount_cents": 400}}')
+    queue.enqueue_jsonl(_line("E0503", "book", 400))
     drain(queue, Handler())   # its first claim moves E0502 to dead, then E0503 is done
     yield "three silent lease expiries, then a claim"
 
@@ -196,7 +201,8 @@ def run_naive_worker(queue: Queue, steps: Any, *, crash_after: int = 1) -> Naive
         report.update(json.loads(line))
     if done.returncode not in (0, CRASH_EXIT_CODE):
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        report["error"] = report["error"] or f"the process exited with {done.returncode}: {last[:100]}"
+        report["error"] = (report["error"]
+                           or f"the process exited with {done.returncode}: {last[:100]}")
     run = NaiveRun(report["event_id"], report["generation"], report["committed"],
                    done.returncode, report["error"])
     print(run)

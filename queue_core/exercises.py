@@ -19,6 +19,7 @@ state on a fresh file in ``workdir`` (running it again starts over).
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import tempfile
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ __all__ = [
 SOLVED, NOT_QUITE, NOT_ATTEMPTED = "solved", "not_quite", "not_attempted"
 _PREFIX = {SOLVED: "Solved", NOT_QUITE: "Not quite", NOT_ATTEMPTED: "Not attempted yet"}
 WHY_WHOLE_BATCH = "b"  # the right choice in exercise 2 (EXERCISES.md explains it)
+_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\"]*[\\/][^\s'\"]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,8 @@ def _start_fingerprint(number: int) -> tuple[Any, ...]:
 
 
 def _untouched(world: _World, number: int) -> bool:
-    return world.fingerprint() == _start_fingerprint(number)
+    # Exercises 1 to 3 share one start (the reference scenario's end): build it once.
+    return world.fingerprint() == _start_fingerprint(1 if number <= 3 else number)
 
 
 def figures(target: Any) -> str:
@@ -116,7 +119,8 @@ def figures(target: Any) -> str:
     status = target.status() if isinstance(target, Queue) else target
     totals = ", ".join(f"{name} {cents}" for name, cents in status.totals.items())
     states = ", ".join(f"{name} {count}" for name, count in status.states.items())
-    return f"total {status.total}{f' ({totals})' if totals else ''}; effects {status.effects}; {states}"
+    money = f"total {status.total} ({totals})" if totals else f"total {status.total}"
+    return f"{money}; effects {status.effects}; {states}"
 
 
 def show(queue: Queue) -> None:
@@ -185,14 +189,24 @@ def _checked(number: int, body: Callable[[], Verdict]) -> Verdict:
     except _NotAttempted as exc:
         verdict = Verdict(number, NOT_ATTEMPTED, str(exc))
     except (Exception, SystemExit) as exc:  # a check never raises into the learner's cell
-        verdict = Verdict(number, NOT_QUITE,
-                          f"the check could not finish: {type(exc).__name__}: {str(exc)[:120]}")
+        verdict = Verdict(number, NOT_QUITE, f"the check could not finish: {_plain(exc)}")
     print(verdict.text)
     return verdict
 
 
+def _plain(value: Any) -> str:
+    """A short description that is the same on every run: no paths, no addresses."""
+    if isinstance(value, BaseException):
+        return _PATH.sub("<path>", f"{type(value).__name__}: {value}")[:120]
+    if value is None or isinstance(value, (bool, int, float, str, list, tuple, dict, set)):
+        return _PATH.sub("<path>", repr(value))[:60]
+    return f"a {type(value).__name__}"
+
+
 def _verdict(number: int, wrong: list[str], solved: str) -> Verdict:
-    return Verdict(number, NOT_QUITE, "; ".join(wrong)) if wrong else Verdict(number, SOLVED, solved)
+    if wrong:
+        return Verdict(number, NOT_QUITE, "; ".join(wrong))
+    return Verdict(number, SOLVED, solved)
 
 
 # -- the checks -----------------------------------------------------------------------
@@ -213,8 +227,9 @@ def check_1(queue: Any, edit_refusal: Any = None) -> Verdict:
         if not new:
             wrong.append("a new event id expected, found none")
         wrong += _bypassed(world)
-        return _verdict(1, wrong, f"E0001 stayed as accepted (its edit was refused: batch_conflict) "
-                                  f"and {', '.join(new)} added the difference: {figures(world.status)}")
+        return _verdict(1, wrong, "E0001 stayed as accepted (its edit was refused: "
+                                  f"batch_conflict) and {', '.join(new)} added the difference: "
+                                  f"{figures(world.status)}")
     return _checked(1, body)
 
 
@@ -251,7 +266,8 @@ def check_3(queue: Any) -> Verdict:
             wrong.append("a redrive of E0004 expected, found none")
         wrong += _bypassed(world)
         wasted = "" if redrives < 2 else f" ({redrives - 1} redrive before the fix went dead again)"
-        return _verdict(3, wrong, f"toy support first, then redrive: {figures(world.status)}{wasted}")
+        return _verdict(3, wrong,
+                        f"toy support first, then redrive: {figures(world.status)}{wasted}")
     return _checked(3, body)
 
 
@@ -288,9 +304,9 @@ def check_4(queue: Any, before_redrive: Any = None, after_redrive: Any = None) -
         wrong += _stale("after the redrive", after_redrive, world, after_redrive=True)
         wrong += _bypassed(world)
         late = after_redrive[0] if not wrong else None
-        return _verdict(4, wrong, "the generation fenced the stalled worker twice, the second "
-                                  f"time after a redrive (its attempt {late.attempt if late else 0}"
-                                  f" looked current again): {figures(world.status)}")
+        stalled = f"generation {late.generation}, attempt {late.attempt}" if late else ""
+        return _verdict(4, wrong, f"the generation fenced the stalled lease ({stalled}) before "
+                                  f"and after a redrive: {figures(world.status)}")
     return _checked(4, body)
 
 
@@ -318,12 +334,12 @@ def _trial(fn: Callable[[str], Any], queue: Queue, case: str) -> str | None:
     try:
         found = fn(queue.path)
     except Exception as exc:  # the learner's function may fail in any way
-        return f"on '{case}' your function raised {type(exc).__name__}: {str(exc)[:80]}"
+        return f"on '{case}' your function raised {_plain(exc)}"
     if _rows(queue.path) != before:
         return f"on '{case}' your function changed the database it measures"
     mapping = _as_mapping(found)
     if mapping != expected:
-        shown = dict(sorted(mapping.items())) if mapping is not None else repr(found)[:60]
+        shown = dict(sorted(mapping.items())) if mapping is not None else _plain(found)
         return f"on '{case}' expected {expected}, found {shown}"
     return None
 
@@ -335,7 +351,7 @@ def check_5(dead_attempts: Any) -> Verdict:
         if dead_attempts is None:
             raise _NotAttempted("replace None with your function db_path -> {event_id: attempts}")
         if not callable(dead_attempts):
-            return Verdict(5, NOT_QUITE, f"expected a function, found {type(dead_attempts).__name__}")
+            return Verdict(5, NOT_QUITE, f"expected a function, found {_plain(dead_attempts)}")
         cases = 0
         with tempfile.TemporaryDirectory(prefix="queue-exercise-5-") as workdir:
             for name, stages in (("reference", reference_cases), ("silent", silent_and_transient),
@@ -359,7 +375,7 @@ def check_6(queue: Any, naive_run: Any = None) -> Verdict:
             raise _NotAttempted("write the naive steps, ACK first, and run the naive worker")
         if not isinstance(naive_run, NaiveRun):
             return Verdict(6, NOT_QUITE, "the naive worker's run: expected what "
-                                         f"run_naive_worker returned, found {naive_run!r}")
+                                         f"run_naive_worker returned, found {_plain(naive_run)}")
         if naive_run.error:
             return Verdict(6, NOT_QUITE, f"step {naive_run.committed + 1} failed in the worker: "
                                          f"{naive_run.error}")
@@ -372,7 +388,8 @@ def check_6(queue: Any, naive_run: Any = None) -> Verdict:
             wrong.append("the INSERT committed first: that order doubles on a retry instead "
                          "(notebook 02); put the ACK first to see the loss")
         return _verdict(6, wrong, "the ACK committed, then the worker died before its INSERT "
-                                  f"(exit code {CRASH_EXIT_CODE}): E0003 is done, so no claim will "
-                                  f"ever hand it out again, and its 5000 are lost: {figures(world.status)}")
+                                  f"(exit code {CRASH_EXIT_CODE}): E0003 is done, so no claim "
+                                  "will ever hand it out again, and its 5000 are lost: "
+                                  f"{figures(world.status)}")
     return _checked(6, body)
 

@@ -21,13 +21,16 @@ from queue_core.exercises import NOT_ATTEMPTED, NOT_QUITE, SOLVED, Verdict
 
 NEW_E0005 = '{"event_id": "E0005", "payload": {"category": "pen", "amount_cents": 2000}}'
 EDIT_E0001 = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 12000}}'
-ACK = "UPDATE messages SET state = 'done', lease_until = NULL WHERE event_id = :event_id AND generation = :generation"
-INSERT = "INSERT INTO effects (event_id, category, amount_cents) VALUES (:event_id, :category, :amount_cents)"
+ACK = ("UPDATE messages SET state = 'done', lease_until = NULL "
+       "WHERE event_id = :event_id AND generation = :generation")
+INSERT = ("INSERT INTO effects (event_id, category, amount_cents) "
+          "VALUES (:event_id, :category, :amount_cents)")
 
 
 def figures(db: str) -> tuple[int, int, dict[str, int]]:
     """Total, effect count and states, as a second connection reads them."""
-    total, effects = read_back(Path(db), "SELECT coalesce(sum(amount_cents), 0), count(*) FROM effects")[0]
+    total, effects = read_back(Path(db),
+                               "SELECT coalesce(sum(amount_cents), 0), count(*) FROM effects")[0]
     states = dict(read_back(Path(db), "SELECT state, count(*) FROM messages GROUP BY state"))
     return total, effects, states
 
@@ -54,7 +57,8 @@ def test_exercise_1_untouched_start_is_not_attempted(tmp_path: Path, capsys) -> 
     assert one_verdict(capsys, verdict).startswith("Not attempted yet: ")
 
 
-def test_exercise_1_a_silent_edit_reaching_19000_with_three_effects_is_not_quite(tmp_path: Path, capsys) -> None:
+def test_exercise_1_a_silent_edit_reaching_19000_with_three_effects_is_not_quite(
+        tmp_path: Path, capsys) -> None:
     queue = exercises.start_1(tmp_path)
     refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
     conn = sqlite3.connect(queue.path)  # the edit the protocol refused, done behind its back
@@ -67,7 +71,8 @@ def test_exercise_1_a_silent_edit_reaching_19000_with_three_effects_is_not_quite
     assert "effects expected 4, found 3" in one_verdict(capsys, verdict)
 
 
-def test_exercise_1_a_new_event_enqueued_but_not_processed_is_not_quite(tmp_path: Path, capsys) -> None:
+def test_exercise_1_a_new_event_enqueued_but_not_processed_is_not_quite(
+        tmp_path: Path, capsys) -> None:
     queue = exercises.start_1(tmp_path)
     refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
     queue.enqueue_jsonl(NEW_E0005)
@@ -93,7 +98,8 @@ def test_exercise_1_a_new_event_after_the_refused_edit_is_solved(tmp_path: Path,
     verdict = exercises.check_1(queue, refusal)
     assert verdict.status == SOLVED, one_verdict(capsys, verdict)
     assert figures(queue.path) == (19000, 4, {"done": 4, "dead": 1})
-    assert read_back(Path(queue.path), "SELECT amount_cents FROM effects WHERE event_id = 'E0001'") == [(10000,)]
+    e0001 = read_back(Path(queue.path), "SELECT amount_cents FROM effects WHERE event_id = 'E0001'")
+    assert e0001 == [(10000,)]
 
 
 # -- exercise 2 ---------------------------------------------------------------------
@@ -145,7 +151,8 @@ def test_exercise_3_a_redrive_without_the_fix_is_not_quite(tmp_path: Path, capsy
 def test_exercise_3_twenty_thousand_from_a_new_event_while_e0004_stays_dead_is_not_quite(
         tmp_path: Path, capsys) -> None:
     queue = exercises.start_3(tmp_path)
-    queue.enqueue_jsonl('{"event_id": "E0005", "payload": {"category": "book", "amount_cents": 3000}}')
+    queue.enqueue_jsonl('{"event_id": "E0005", "payload": {"category": "book", '
+                        '"amount_cents": 3000}}')
     drain(queue, Handler())
     assert figures(queue.path)[:2] == (20000, 4)
     verdict = exercises.check_3(queue)
@@ -164,7 +171,10 @@ def test_exercise_3_support_first_then_redrive_is_solved(tmp_path: Path) -> None
 
 # -- exercise 4 ---------------------------------------------------------------------
 
-def stalled_worker_story(queue: Queue) -> tuple[tuple[Lease, Exception], tuple[Lease, Exception], Lease]:
+Refusal = tuple[Lease, Exception]
+
+
+def stalled_worker_story(queue: Queue) -> tuple[Refusal, Refusal, Lease]:
     """The reference solution: W1 stalls, W2 sends E0004 dead, a redrive, W3 finishes."""
     handler = Handler()
     w1 = queue.claim()
@@ -209,7 +219,8 @@ def test_exercise_4_a_stalled_lease_taken_after_the_redrive_is_not_quite(tmp_pat
     assert exercises.check_4(queue, before, late).status == NOT_QUITE
 
 
-def test_exercise_4_the_stalled_worker_fenced_before_and_after_a_redrive_is_solved(tmp_path: Path) -> None:
+def test_exercise_4_the_stalled_worker_fenced_before_and_after_a_redrive_is_solved(
+        tmp_path: Path) -> None:
     queue = exercises.start_4(tmp_path)
     before, after, _ = stalled_worker_story(queue)
     assert before[1].code == after[1].code == "stale_generation"
@@ -235,11 +246,13 @@ def test_exercise_5_a_none_placeholder_is_not_attempted() -> None:
 
 @pytest.mark.parametrize("sql, trap", [
     ("SELECT event_id, generation FROM messages WHERE state = 'dead'", "dead again"),
-    ("SELECT event_id, attempts FROM messages WHERE state = 'dead' OR attempts >= 3", "not yet noticed"),
-    ("SELECT event_id, attempts FROM messages WHERE state = 'dead' AND last_error = 'invalid_payload'",
-     "three transient"),
+    ("SELECT event_id, attempts FROM messages WHERE state = 'dead' OR attempts >= 3",
+     "not yet noticed"),
+    ("SELECT event_id, attempts FROM messages "
+     "WHERE state = 'dead' AND last_error = 'invalid_payload'", "three transient"),
 ], ids=["generation-not-attempts", "leased-counted-as-dead", "only-invalid-payloads"])
-def test_exercise_5_a_plausible_wrong_metric_is_not_quite_on_its_trap(sql: str, trap: str, capsys) -> None:
+def test_exercise_5_a_plausible_wrong_metric_is_not_quite_on_its_trap(
+        sql: str, trap: str, capsys) -> None:
     verdict = exercises.check_5(sql_metric(sql))
     assert verdict.status == NOT_QUITE
     assert trap in one_verdict(capsys, verdict)
@@ -284,12 +297,14 @@ def test_exercise_6_insert_before_ack_keeps_the_money_and_is_not_quite(tmp_path:
 
 def test_exercise_6_a_step_the_schema_refuses_is_reported_not_raised(tmp_path: Path) -> None:
     queue = exercises.start_6(tmp_path)
-    run = exercises.run_naive_worker(queue, ["UPDATE messages SET state = 'done' WHERE event_id = :event_id", INSERT])
+    no_lease_reset = "UPDATE messages SET state = 'done' WHERE event_id = :event_id"
+    run = exercises.run_naive_worker(queue, [no_lease_reset, INSERT])
     assert run is not None and run.committed == 0 and "lease_until_iff_leased" in (run.error or "")
     assert exercises.check_6(queue, run).status == NOT_QUITE
 
 
-def test_exercise_6_ack_before_insert_and_a_real_crash_lose_the_effect_and_is_solved(tmp_path: Path) -> None:
+def test_exercise_6_ack_before_insert_and_a_real_crash_lose_the_effect_and_is_solved(
+        tmp_path: Path) -> None:
     queue = exercises.start_6(tmp_path)
     run = exercises.run_naive_worker(queue, [ACK, INSERT])
     assert run is not None and (run.exit_code, run.committed) == (86, 1)
@@ -311,15 +326,16 @@ CHECKS: list[tuple[str, Callable[..., Verdict], tuple[Any, ...]]] = [
 
 
 @pytest.mark.parametrize("name, check, args", CHECKS, ids=[c[0] for c in CHECKS])
-def test_a_check_given_garbage_prints_one_verdict_and_never_raises(name: str, check: Callable[..., Verdict],
-                                                                 args: tuple[Any, ...], capsys) -> None:
+def test_a_check_given_garbage_prints_one_verdict_and_never_raises(
+        name: str, check: Callable[..., Verdict], args: tuple[Any, ...], capsys) -> None:
     verdict = check(*args)
     assert verdict.status in (NOT_ATTEMPTED, NOT_QUITE)
     one_verdict(capsys, verdict)
 
 
 @pytest.mark.parametrize("number", [1, 2, 3, 4, 6])
-def test_a_check_on_a_wrong_file_type_is_not_quite_and_leaves_the_file_alone(tmp_path: Path, number: int) -> None:
+def test_a_check_on_a_wrong_file_type_is_not_quite_and_leaves_the_file_alone(
+        tmp_path: Path, number: int) -> None:
     other = tmp_path / "other.sqlite3"
     conn = sqlite3.connect(other)
     conn.execute("CREATE TABLE t (x)")
@@ -336,7 +352,7 @@ def test_a_check_reads_without_writing_and_its_text_holds_no_path(tmp_path: Path
     queue.redrive("E0004")
     drain(queue, Handler())
     before = snapshot(Path(queue.path))
-    verdicts = [exercises.check_3(queue), exercises.check_3(queue.path), exercises.check_3(str(queue.path))]
+    verdicts = [exercises.check_3(target) for target in (queue, Path(queue.path), str(queue.path))]
     assert snapshot(Path(queue.path)) == before
     assert len({v.text for v in verdicts}) == 1 and str(tmp_path) not in verdicts[0].text
 
@@ -347,3 +363,10 @@ def test_running_a_start_again_starts_the_exercise_over(tmp_path: Path) -> None:
     again = exercises.start_6(tmp_path)
     assert figures(again.path) == (0, 0, {"ready": 1})
     assert exercises.check_6(again, None).status == NOT_ATTEMPTED
+
+
+def test_a_verdict_shows_no_temporary_path_and_no_memory_address(tmp_path: Path) -> None:
+    raised = exercises.check_5(lambda db_path: open(db_path + "/missing.txt"))
+    assert raised.status == NOT_QUITE and "<path>" in raised.text and "/" not in raised.text
+    odd = exercises.check_6(exercises.start_6(tmp_path), object())
+    assert odd.status == NOT_QUITE and "0x" not in odd.text
