@@ -24,11 +24,14 @@ def start(db_path: Path, **options: object) -> subprocess.Popen[str]:
     return proc
 
 
-def _has_open(pid: int, db_path: Path) -> bool:
+def _ready(proc: subprocess.Popen[str], db_path: Path) -> bool:
+    """True once the worker has the database open (or has ended: collect reports why)."""
+    if proc.poll() is not None:
+        return True
     try:
-        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(db_path)
-                   for fd in os.listdir(f"/proc/{pid}/fd"))
-    except OSError:  # not on Linux, or the process already ended
+        return any(os.readlink(f"/proc/{proc.pid}/fd/{fd}") == str(db_path)
+                   for fd in os.listdir(f"/proc/{proc.pid}/fd"))
+    except OSError:  # not on Linux: start without the gate's help
         return True
 
 
@@ -43,7 +46,7 @@ def both(db_path: Path, **options: object) -> list[ChildResult]:
         gate.execute("BEGIN IMMEDIATE")
         procs = [start(db_path, **options), start(db_path, **options)]
         deadline = time.monotonic() + 20
-        while not all(_has_open(proc.pid, db_path) for proc in procs):
+        while not all(_ready(proc, db_path) for proc in procs):
             assert time.monotonic() < deadline, "a worker process did not start"
             time.sleep(0.01)
         gate.execute("ROLLBACK")
