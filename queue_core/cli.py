@@ -24,6 +24,7 @@ from .worker import drain
 DEFAULT_DB = "queue.sqlite3"
 EXIT_REFUSED = 2
 EXIT_OPERATIONAL = 1
+MAX_SECONDS = 10**12  # about 31,700 years: far beyond any clock, far below 2**63
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +114,8 @@ def _seconds(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected integer seconds, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"time cannot be negative, got {value}")
+    if value > MAX_SECONDS:  # SQLite stores 64-bit integers; now + lease must fit too
+        raise argparse.ArgumentTypeError(f"at most {MAX_SECONDS} seconds, got {value}")
     return value
 
 

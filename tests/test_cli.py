@@ -185,10 +185,12 @@ def test_status_without_json_prints_the_same_figures(scratch: Path) -> None:
     assert re.search(r"^\s+book\s+15000$", text, re.M)
 
 
-@pytest.mark.parametrize("args", [["--now", "-5", "status"], ["--now", "soon", "status"],
-                                  ["work", "--lease-seconds", "0"], ["frobnicate"], []],
-                         ids=["negative-now", "word-now", "zero-lease", "unknown-command",
-                              "no-command"])
+@pytest.mark.parametrize("args", [
+    ["--now", "-5", "status"], ["--now", "soon", "status"], ["--now", "1.5", "status"],
+    ["--now", "9" * 20, "enqueue", "demo.jsonl"], ["work", "--lease-seconds", "0"],
+    ["work", "--lease-seconds", "9" * 20], ["frobnicate"], [],
+], ids=["negative-now", "word-now", "fractional-now", "now-beyond-64-bit", "zero-lease",
+        "lease-beyond-64-bit", "unknown-command", "no-command"])
 def test_bad_arguments_exit_2_without_a_traceback(scratch: Path, args: list[str]) -> None:
     result = run(scratch, *args)
 
