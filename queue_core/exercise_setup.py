@@ -14,7 +14,9 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -63,19 +65,45 @@ def reference_final(queue: Queue) -> Queue:
     return queue
 
 
+@lru_cache(maxsize=1)
+def _reference_image() -> sqlite3.Connection:
+    """The reference scenario's final state, played once per process (its crash
+    a real one) and kept in memory, so that every start of it is a byte copy."""
+    with tempfile.TemporaryDirectory(prefix="queue-reference-") as workdir:
+        played = reference_final(fresh(workdir, "reference"))
+        image = sqlite3.connect(":memory:", check_same_thread=False)
+        source = sqlite3.connect(played.path)
+        try:
+            source.backup(image)
+        finally:
+            source.close()
+    return image
+
+
+def _copy_of_reference(workdir: str | os.PathLike[str], name: str) -> Queue:
+    queue = fresh(workdir, name)
+    target = sqlite3.connect(queue.path)
+    try:
+        _reference_image().backup(target)
+    finally:
+        target.close()
+    queue.clock.set(START + 2)  # type: ignore[attr-defined]  # where the scenario ended
+    return queue
+
+
 def start_1(workdir: str | os.PathLike[str]) -> Queue:
     """Exercise 1: the reference scenario's final state (total 17000, E0004 dead), t=1002."""
-    return reference_final(fresh(workdir, "exercise_1"))
+    return _copy_of_reference(workdir, "exercise_1")
 
 
 def start_2(workdir: str | os.PathLike[str]) -> Queue:
     """Exercise 2: the reference scenario's final state, t=1002."""
-    return reference_final(fresh(workdir, "exercise_2"))
+    return _copy_of_reference(workdir, "exercise_2")
 
 
 def start_3(workdir: str | os.PathLike[str]) -> Queue:
     """Exercise 3: the reference scenario's final state, E0004 (toy) dead, t=1002."""
-    return reference_final(fresh(workdir, "exercise_3"))
+    return _copy_of_reference(workdir, "exercise_3")
 
 
 def start_4(workdir: str | os.PathLike[str]) -> Queue:
@@ -157,6 +185,7 @@ def malformed_cases(queue: Queue) -> Iterator[str]:
 class NaiveRun:
     """How the naive worker's process ended: steps committed, exit code, first error."""
 
+    steps: tuple[str, ...]
     event_id: str | None
     generation: int
     committed: int
@@ -180,8 +209,9 @@ def run_naive_worker(queue: Queue, steps: Any, *, crash_after: int = 1) -> Naive
     committed transaction, and die by ``os._exit`` after step ``crash_after``.
 
     Steps get the parameters ``:event_id``, ``:generation``, ``:category``,
-    ``:amount_cents`` and ``:now``. Prints what happened and returns it;
-    prints why instead (and returns ``None``) if there is nothing to run.
+    ``:amount_cents`` and ``:now``. ``crash_after=0`` never crashes. Prints
+    what happened and returns it; prints why instead (and returns ``None``)
+    if there is nothing to run.
     """
     if steps is None:
         print("Nothing to run yet: replace None with your list of SQL steps")
@@ -189,6 +219,13 @@ def run_naive_worker(queue: Queue, steps: Any, *, crash_after: int = 1) -> Naive
     if not isinstance(steps, (list, tuple)) or not all(isinstance(s, str) for s in steps):
         print(f"Cannot run: steps must be a list of SQL strings, found {type(steps).__name__}")
         return None
+    run = run_naive_quietly(queue, tuple(steps), crash_after)
+    print(run)
+    return run
+
+
+def run_naive_quietly(queue: Queue, steps: tuple[str, ...], crash_after: int) -> NaiveRun:
+    """``run_naive_worker`` without the printing: start the process, wait, report."""
     spec = {"db": os.path.abspath(queue.path), "now": queue.clock.now(),
             "lease_seconds": queue.lease_seconds, "steps": list(steps), "crash_after": crash_after}
     package_parent = str(Path(__file__).resolve().parent.parent)
@@ -203,10 +240,8 @@ def run_naive_worker(queue: Queue, steps: Any, *, crash_after: int = 1) -> Naive
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         report["error"] = (report["error"]
                            or f"the process exited with {done.returncode}: {last[:100]}")
-    run = NaiveRun(report["event_id"], report["generation"], report["committed"],
-                   done.returncode, report["error"])
-    print(run)
-    return run
+    return NaiveRun(steps, report["event_id"], report["generation"], report["committed"],
+                    done.returncode, report["error"])
 
 
 def naive_worker(spec: dict[str, Any]) -> int:
@@ -220,17 +255,17 @@ def naive_worker(spec: dict[str, Any]) -> int:
     params = {"event_id": lease.event_id, "generation": lease.generation, "now": spec["now"],
               "category": effect.category, "amount_cents": effect.amount_cents}
     conn = connect(spec["db"])
-    for number, sql in enumerate(spec["steps"], start=1):
-        try:
-            with transaction(conn):
+    try:
+        for number, sql in enumerate(spec["steps"], start=1):
+            with transaction(conn):     # each step commits on its own: the naive part
                 conn.execute(sql, params)
-        except sqlite3.Error as exc:
-            print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
-            return 0
-        print(json.dumps({"committed": number}), flush=True)
-        if number == spec["crash_after"]:
-            os._exit(CRASH_EXIT_CODE)  # a real death: no finally, no cleanup
-    conn.close()
+            print(json.dumps({"committed": number}), flush=True)
+            if number == spec["crash_after"]:
+                os._exit(CRASH_EXIT_CODE)  # a real death: no finally, no cleanup
+    except sqlite3.Error as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+    finally:
+        conn.close()
     return 0
 
 

@@ -32,8 +32,9 @@ from .clock import ModelClock
 from .crashpoints import CRASH_EXIT_CODE
 from .errors import QueueError
 from .exercise_setup import (E0001_PAYLOAD, STARTS, NaiveRun, fresh, malformed_cases,
-                             reference_cases, run_naive_worker, silent_and_transient, start_1,
-                             start_2, start_3, start_4, start_5, start_6)
+                             reference_cases, run_naive_quietly, run_naive_worker,
+                             silent_and_transient, start_1, start_2, start_3, start_4, start_5,
+                             start_6)
 from .queue import Queue
 from .values import Effect, Lease, Message, Status, Transition
 
@@ -367,6 +368,18 @@ def check_5(dead_attempts: Any) -> Verdict:
     return _checked(5, body)
 
 
+def _without_crash(run: NaiveRun) -> list[str]:
+    """The same steps, run to the end without a crash, must be a whole (naive) ACK."""
+    with tempfile.TemporaryDirectory(prefix="queue-exercise-6-") as workdir:
+        queue = start_6(workdir)
+        dry = run_naive_quietly(queue, run.steps, crash_after=0)
+        world = _read(queue)
+    label = "your steps run to the end without a crash"
+    if dry.error:
+        return [f"{label}: step {dry.committed + 1} failed: {dry.error}"]
+    return [f"{label}: {wrong}" for wrong in _compare(world, 5000, 1, _states(done=1))]
+
+
 def check_6(queue: Any, naive_run: Any = None) -> Verdict:
     """The naive worker ACKed first and died before its INSERT: E0003 done, no effect."""
     def body() -> Verdict:
@@ -387,6 +400,8 @@ def check_6(queue: Any, naive_run: Any = None) -> Verdict:
         if "E0003" in world.effects:
             wrong.append("the INSERT committed first: that order doubles on a retry instead "
                          "(notebook 02); put the ACK first to see the loss")
+        if not wrong:
+            wrong += _without_crash(naive_run)
         return _verdict(6, wrong, "the ACK committed, then the worker died before its INSERT "
                                   f"(exit code {CRASH_EXIT_CODE}): E0003 is done, so no claim "
                                   "will ever hand it out again, and its 5000 are lost: "

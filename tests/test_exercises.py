@@ -303,6 +303,14 @@ def test_exercise_6_a_step_the_schema_refuses_is_reported_not_raised(tmp_path: P
     assert exercises.check_6(queue, run).status == NOT_QUITE
 
 
+def test_exercise_6_an_ack_whose_second_step_is_no_insert_is_not_quite(tmp_path: Path) -> None:
+    queue = exercises.start_6(tmp_path)
+    run = exercises.run_naive_worker(queue, [ACK, "SELECT 1"])
+    assert run is not None and (run.exit_code, run.committed) == (86, 1)
+    verdict = exercises.check_6(queue, run)
+    assert verdict.status == NOT_QUITE and "effects expected 1, found 0" in verdict.text
+
+
 def test_exercise_6_ack_before_insert_and_a_real_crash_lose_the_effect_and_is_solved(
         tmp_path: Path) -> None:
     queue = exercises.start_6(tmp_path)
