@@ -145,7 +145,8 @@ def run_stress(workdir: str | os.PathLike[str], *, events: int = 1000, workers: 
             reported.update(o.event_id for o in result.outcomes if o.kind == "done")
         processes += len(procs)
         clock.set(max(clock.now() + 1, _next_due(db) or clock.now() + 1))
-    return _audit(db, workers, events, rounds, processes, crashes, amounts, reported)
+    return audit(db, events, amounts, reported, workers=workers, rounds=rounds,
+                 processes=processes, crashes=crashes)
 
 
 def _pending(db: str) -> bool:
@@ -165,8 +166,12 @@ def _rows(db: str, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def _audit(db: str, workers: int, events: int, rounds: int, processes: int, crashes: int,
-           amounts: dict[str, int], reported: Counter[str]) -> StressReport:
+def audit(db: str | os.PathLike[str], events: int, amounts: dict[str, int],
+          reported: Counter[str] | None = None, *, workers: int = 0, rounds: int = 0,
+          processes: int = 0, crashes: int = 0) -> StressReport:
+    """Check a finished stress database; ``reported`` counts the ``done``
+    outcomes the workers announced per event (two for one event is a duplicate)."""
+    db, reported = os.fspath(db), reported or Counter()
     states = dict(_rows(db, "SELECT event_id, state FROM messages"))
     reasonless = _rows(db, "SELECT count(*) FROM messages WHERE state = 'dead' AND last_error IS NULL")[0][0]
     effects = dict(_rows(db, "SELECT event_id, amount_cents FROM effects"))
