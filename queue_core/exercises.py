@@ -245,7 +245,8 @@ def check_2(queue: Any, conflict_refusal: Any = None, why: Any = None) -> Verdic
             wrong.append(f"E0005 expected absent, found {world.messages['E0005'].state}")
         wrong += _refusal("the conflicting batch", conflict_refusal, "batch_conflict", "E0001", 2)
         if why != WHY_WHOLE_BATCH:
-            wrong.append(f"why the whole batch goes: expected the right letter, found {why!r}")
+            wrong.append(f"why the whole batch goes: expected the right letter, found "
+                         f"{_plain(why)} (Hint 3 in EXERCISES.md)")
         wrong += _bypassed(world)
         return _verdict(2, wrong, "the batch was refused whole at line 2 (batch_conflict on "
                                   f"E0001), so E0005 was not added: {figures(world.status)}")

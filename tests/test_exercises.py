@@ -9,6 +9,7 @@ through a second connection, so a check that said "solved" too easily fails.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any, Callable
@@ -378,3 +379,42 @@ def test_a_verdict_shows_no_temporary_path_and_no_memory_address(tmp_path: Path)
     assert raised.status == NOT_QUITE and "<path>" in raised.text and "/" not in raised.text
     odd = exercises.check_6(exercises.start_6(tmp_path), object())
     assert odd.status == NOT_QUITE and "0x" not in odd.text
+
+
+# -- EXERCISES.md ----------------------------------------------------------------------
+
+EXERCISES_MD = (DATA.parent / "EXERCISES.md").read_text(encoding="utf-8")
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub and JupyterLab give a Markdown heading."""
+    kept = "".join(ch for ch in heading.strip().lower() if ch.isalnum() or ch in " -_")
+    return kept.replace(" ", "-")
+
+
+def sections() -> dict[int, str]:
+    parts = EXERCISES_MD.split("\n## Exercise ")[1:]
+    return {int(part.split(":", 1)[0]): part for part in parts}
+
+
+def test_exercises_md_has_six_exercises_each_with_goal_why_start_hints_and_solved() -> None:
+    found = sections()
+    assert sorted(found) == [1, 2, 3, 4, 5, 6]
+    for number, text in found.items():
+        for part in ("**Goal.**", "**Why it matters.**", "**Where to start.**", "**Solved means:**"):
+            assert part in text, (number, part)
+        hints = [f"<summary>Hint {n}</summary>" in text for n in (1, 2, 3)]
+        assert hints == [True, True, True], number
+        assert f"exercises.start_{number}(workdir)" in text, number
+
+
+def test_every_link_to_an_exercise_lands_on_a_heading() -> None:
+    anchors = {github_slug(line[3:]) for line in EXERCISES_MD.splitlines() if line.startswith("## ")}
+    notebooks = (DATA.parent / "notebooks").rglob("*.ipynb")
+    texts = [EXERCISES_MD] + [path.read_text(encoding="utf-8") for path in notebooks
+                              if ".ipynb_checkpoints" not in path.parts]
+    links = {match for text in texts
+             for match in re.findall(r"EXERCISES\.md#([A-Za-z0-9_-]+)", text)}
+    links |= set(re.findall(r"\]\(#([A-Za-z0-9_-]+)\)", EXERCISES_MD))
+    assert len(links) >= 6
+    assert sorted(links - anchors) == []
