@@ -1,0 +1,133 @@
+"""Reliability figures: crash sweep, fuzzed input, stateful model, stress.
+
+    python benchmarks/reliability.py           # make reliability: about a minute
+    python benchmarks/reliability.py --quick   # a smaller run
+    SOAK=1 python benchmarks/reliability.py    # a long soak: more of everything
+
+Prints, in order: the crash sweep (every crash point and slow-worker
+schedule against the protocol and the three deliberately broken ones) with
+the outcome of each; which broken protocols the sweep caught and where; how
+many fuzzed batches were tried, by outcome, with the unhandled exceptions;
+how many stateful programs agreed with the model; and the stress run
+(worker processes x events, crashes, duplicates, losses, money). Exits 1 if
+any invariant fails: a protocol step that is not ok, a broken protocol the
+sweep does not catch, an unhandled fuzz input, a model disagreement, or a
+stress duplicate, loss or money difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from queue_core.naive import PROTOCOLS  # noqa: E402
+from queue_core.stress import run_stress  # noqa: E402
+from queue_core.sweep import SweepRow, run_sweep, sweep_frame  # noqa: E402
+
+
+def sweep_section(problems: list[str]) -> None:
+    rows = run_sweep(jobs=2)
+    table = sweep_frame(rows)
+    print(table.to_string())
+    print()
+    for name, proto in PROTOCOLS.items():
+        mine = [r for r in rows if r.protocol == name and r.outcome != "n/a"]
+        counts = Counter(r.outcome for r in mine)
+        crashes = sum(1 for r in mine if not r.step.startswith("stale."))
+        print(f"{name:>20}: {crashes} crash points + {len(mine) - crashes} schedules tried; "
+              + ", ".join(f"{n} {o}" for o, n in counts.most_common()))
+        _judge(proto.broken, [r for r in mine if r.failed], name, problems)
+
+
+def _judge(broken: bool, failed: list[SweepRow], name: str, problems: list[str]) -> None:
+    if broken and not failed:
+        problems.append(f"the sweep did not catch the broken protocol {name!r}")
+    elif broken:
+        where = "; ".join(f"{r.outcome} at {r.step} (money {r.total})" for r in failed)
+        print(f"{'':>20}  caught: {where}")
+    elif failed:
+        problems.extend(f"{name}: {r.outcome} at {r.step}: {r.detail}" for r in failed)
+
+
+def fuzz_section(examples: int, problems: list[str]) -> None:
+    from test_fuzz_ingest import run_campaign
+
+    seen = run_campaign(examples, seed=int(time.time()) if os.environ.get("SOAK") else 0)
+    tried = sum(seen.values())
+    rejected = {code: n for code, n in seen.items() if code not in ("accepted", "unhandled", "broken")}
+    print(f"fuzzed batches tried: {tried}; accepted {seen['accepted']}; "
+          f"rejected {sum(rejected.values())} with {len(rejected)} distinct codes; "
+          f"unhandled exceptions {seen['unhandled']}; broken checks {seen['broken']}")
+    print("  by code: " + ", ".join(f"{code} {n}" for code, n in sorted(rejected.items())))
+    if seen["unhandled"] or seen["broken"] or tried != examples:
+        problems.append(f"fuzz: {seen['unhandled']} unhandled, {seen['broken']} broken")
+
+
+def model_section(programs: int, problems: list[str]) -> None:
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+    from test_stateful_model import QueueModel
+
+    try:
+        run_state_machine_as_test(QueueModel, settings=settings(
+            QueueModel.TestCase.settings, max_examples=programs))
+    except Exception as exc:  # noqa: BLE001 - the report prints it and fails
+        problems.append(f"stateful model disagreement: {exc!r}")
+        print(f"stateful programs: FAILED ({type(exc).__name__})")
+        return
+    steps = QueueModel.TestCase.settings.stateful_step_count
+    print(f"stateful programs: {programs} of up to {steps} steps each agreed with the model")
+
+
+def stress_section(runs: list[tuple[int, int, int]], problems: list[str]) -> None:
+    for workers, events, seed in runs:
+        with tempfile.TemporaryDirectory(prefix="stress-") as folder:
+            r = run_stress(folder, events=events, workers=workers, seed=seed)
+        print(f"stress: {r.workers} processes x {r.events} events, seed {seed}: "
+              f"{r.rounds} rounds, {r.processes} processes started, {r.crashes} crashed; "
+              f"done {r.done}, dead {r.dead}, effects {r.effects}; "
+              f"duplicates {r.duplicates}, losses {r.losses}; "
+              f"money {r.total} (expected {r.expected_total}); integrity {r.integrity}")
+        problems.extend(f"stress seed {seed}: {p}" for p in r.problems)
+
+
+def timed(title: str, section: Callable[[], None]) -> None:
+    print(f"== {title}")
+    start = time.perf_counter()
+    section()
+    print(f"   ({time.perf_counter() - start:.1f} s)\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller run")
+    args = parser.parse_args(argv)
+    soak = os.environ.get("SOAK") == "1" or os.environ.get("QUEUE_SOAK") == "1"
+    fuzz, programs = (20_000, 1000) if soak else (100, 10) if args.quick else (1000, 50)
+    stress = ([(8, 5000, seed) for seed in range(3)] if soak
+              else [(4, 300, 0)] if args.quick else [(4, 1000, 0)])
+    problems: list[str] = []
+    timed("crash sweep (outcome per step and protocol)", lambda: sweep_section(problems))
+    timed("fuzzed input", lambda: fuzz_section(fuzz, problems))
+    timed("stateful model", lambda: model_section(programs, problems))
+    timed("stress", lambda: stress_section(stress, problems))
+    if problems:
+        print("FAILED:\n  " + "\n  ".join(problems))
+        return 1
+    print("all invariants held")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
