@@ -1,0 +1,320 @@
+"""Pictures of the queue for the course, drawn from stored values only.
+
+Every figure is built from what the database holds (the transitions
+journal, ``Queue.metrics``) or from what worker processes reported, so a
+picture can never show a state the queue did not reach. pandas and
+matplotlib are imported inside each function: ``import queue_core`` stays
+light for workers and the command line.
+
+Moments the journal cannot hold, because nothing was committed (a rejected
+ACK, a worker killed before COMMIT), are passed in as ``Mark`` values; take
+them with ``mark(queue, event_id, label)`` right when they happen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from .values import Metrics, Outcome, State, Transition
+
+if TYPE_CHECKING:  # only for annotations: importing them here would defeat the lazy import
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from .queue import Queue
+
+STATE_COLORS = {State.READY: "#4C72B0", State.LEASED: "#DD8452",
+                State.DONE: "#55A868", State.DEAD: "#C44E52"}
+FIG_WIDTH = 9.5  # inches: readable at notebook width without horizontal scrolling
+_SPREAD = 0.8  # share of a model second used to spread steps that share that second
+TRANSITION_COLUMNS = ["at", "event_id", "from_state", "to_state", "generation", "attempts",
+                      "reason"]
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A moment the journal cannot show: ``label`` on ``event_id`` at model second
+    ``at``, drawn after journal row ``after_seq``."""
+
+    at: int
+    after_seq: int
+    event_id: str
+    label: str
+
+
+def mark(queue: "Queue", event_id: str, label: str) -> Mark:
+    """Record ``label`` for ``event_id`` now, ordered after every journal row so far."""
+    journal = queue.transitions()
+    return Mark(queue.clock.now(), journal[-1].seq if journal else 0, event_id, label)
+
+
+def transitions_frame(source: "Queue | Iterable[Transition]") -> "pd.DataFrame":
+    """The transitions journal as a DataFrame indexed by ``seq``, states as plain text.
+
+    ``from_state`` is missing for the ``enqueued`` row that created a message.
+    """
+    import pandas as pd
+
+    rows = source.transitions() if hasattr(source, "transitions") else list(source)
+    frame = pd.DataFrame(
+        [(t.seq, t.at, t.event_id, None if t.from_state is None else str(t.from_state),
+          str(t.to_state), t.generation, t.attempts, t.reason) for t in rows],
+        columns=["seq", *TRANSITION_COLUMNS])
+    return frame.set_index("seq")
+
+
+def _mark_order(marks: Sequence[Mark]) -> list[float]:
+    """Where each mark falls in journal order: just after its row, in the order given."""
+    return [m.after_seq + 0.5 + n / (2 * len(marks) + 2) for n, m in enumerate(marks)]
+
+
+def _positions(frame: "pd.DataFrame", marks: Sequence[Mark]) -> dict[float, float]:
+    """x of each journal row (by seq) and mark (by ``_mark_order``): its model second,
+    plus its rank among the steps of that second, so order within a second shows."""
+    keys = [(int(at), float(seq)) for seq, at in zip(frame.index, frame["at"])]
+    keys += [(m.at, order) for m, order in zip(marks, _mark_order(marks))]
+    by_second: dict[int, list[float]] = {}
+    for at, order in keys:
+        by_second.setdefault(at, []).append(order)
+    x: dict[float, float] = {}
+    for second, orders in by_second.items():
+        for rank, order in enumerate(sorted(orders)):
+            x[order] = second + _SPREAD * rank / len(orders)
+    return x
+
+
+def plot_timeline(source: "Queue | pd.DataFrame", *, marks: Sequence[Mark] = (),
+                  title: str = "Each message's state over model time",
+                  until: int | None = None) -> "Figure":
+    """One lane per event id: coloured by the state entered, claims labelled ``g`` +
+    generation, expired leases as ``x``, marks as red crosses with their label."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    frame = source if hasattr(source, "columns") else transitions_frame(source)
+    events = sorted(set(frame["event_id"]) | {m.event_id for m in marks})
+    x = _positions(frame, marks)
+    end = max([*frame["at"], *(m.at for m in marks)]) + 1 if until is None else until
+    lane_inches = 0.55 if len(events) <= 8 else 0.4  # keep twenty lanes on one screen
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, max(2.8, 1.3 + lane_inches * len(events))))  # legend fits
+    for lane, event_id in enumerate(events):
+        rows = frame[frame["event_id"] == event_id]
+        starts = [x[float(seq)] for seq in rows.index]
+        for (seq, row), start, stop in zip(rows.iterrows(), starts, [*starts[1:], end]):
+            ax.barh(lane, stop - start, left=start, height=0.5,
+                    color=STATE_COLORS[State(row["to_state"])], edgecolor="white")
+            _draw_step(ax, lane, start, row)
+    first = min([*frame["at"], *(m.at for m in marks)])
+    for m, order in zip(marks, _mark_order(marks)):
+        lane, at = events.index(m.event_id), x[order]
+        ax.plot(at, lane, marker="X", color="crimson", markersize=11, markeredgecolor="black")
+        # below the bar, growing away from the nearer edge so it stays inside the axes
+        ax.annotate(m.label, (at, lane + 0.25), xytext=(0, -2), textcoords="offset points",
+                    ha="left" if at < (first + end) / 2 else "right", va="top", fontsize=8,
+                    color="crimson",
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9})
+    _timeline_axes(ax, events, frame, marks, end, title)
+    handles = [Patch(color=STATE_COLORS[s], label=str(s)) for s in State]
+    handles.append(Line2D([], [], ls="", marker="|", color="black", markersize=12,
+                          label="claim (gN: generation N)"))
+    if (frame["reason"] == "lease_expired").any():
+        handles.append(Line2D([], [], ls="", marker="x", color="black",
+                              label="expired lease noticed"))
+    if marks:
+        handles.append(Line2D([], [], ls="", marker="X", color="crimson", markeredgecolor="black",
+                              markersize=9, label="rejected or crashed"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_step(ax: Any, lane: int, start: float, row: Any) -> None:
+    if row["reason"] == "claimed":
+        ax.plot([start, start], [lane - 0.3, lane + 0.3], color="black", lw=1.5)
+        ax.annotate(f"g{row['generation']}", (start, lane - 0.3), xytext=(2, 1),
+                    textcoords="offset points", ha="left", va="bottom", fontsize=8)
+    elif row["reason"] == "lease_expired":
+        ax.plot(start, lane, marker="x", color="black", markersize=9, mew=2)
+
+
+def _timeline_axes(ax: Any, events: list[str], frame: "pd.DataFrame", marks: Sequence[Mark],
+                   end: float, title: str) -> None:
+    first = int(min([*frame["at"], *(m.at for m in marks)]))
+    ax.set_yticks(range(len(events)), events)
+    ax.set_ylim(len(events) - (0.1 if marks else 0.4), -0.7)  # room for a label under the last lane
+    ax.set_xlim(first - 0.1, end)
+    ax.set_xticks(range(first, int(end) + 1))
+    ax.set_xlabel("model time (s); steps within one second are spread out in journal order")
+    ax.set_title(title)
+    ax.grid(axis="x", color="0.85")
+    ax.set_axisbelow(True)
+
+
+_NODES = {State.READY: (0.0, 0.0), State.LEASED: (4.0, 0.0),
+          State.DONE: (8.0, 0.0), State.DEAD: (4.0, -2.6)}
+# (from, to, label, curvature, label offset in data units)
+_EDGES = [
+    (State.READY, State.LEASED, "claim", 0.0, (0.0, 0.25)),
+    (State.LEASED, State.DONE, "complete:\neffect + ACK, one transaction", 0.0, (0.0, 0.4)),
+    (State.LEASED, State.READY, "transient failure (backoff)\nor lease expired", 0.45, (0.0, 1.4)),
+    (State.LEASED, State.DEAD, "invalid payload,\nor budget spent", 0.0, (0.95, 0.0)),
+    (State.DEAD, State.READY, "redrive\n(attempts reset,\ngeneration kept)", 0.25, (-1.05, -0.55)),
+]
+
+
+def plot_state_machine(source: "Queue | pd.DataFrame | None" = None,
+                       title: str = "The states of a message and who moves it") -> "Figure":
+    """The state machine; with a queue or journal frame, each arrow says how often it was taken."""
+    import matplotlib.pyplot as plt
+
+    frame = None if source is None else (
+        source if hasattr(source, "columns") else transitions_frame(source))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 4.6))
+    for state, (px, py) in _NODES.items():
+        ax.text(px, py, str(state), ha="center", va="center", fontsize=14, color="white",
+                fontweight="bold", bbox={"boxstyle": "round,pad=0.6", "fc": STATE_COLORS[state]})
+    ax.annotate("", _NODES[State.READY], xytext=(-2.2, 0.0),
+                arrowprops={"arrowstyle": "-|>", "color": "0.3", "shrinkB": 30})
+    ax.text(-2.2, 0.18, "enqueue" + _count(frame, None, State.READY), fontsize=9)
+    for src, dst, label, curve, (dx, dy) in _EDGES:
+        (x0, y0), (x1, y1) = _NODES[src], _NODES[dst]
+        ax.annotate("", (x1, y1), xytext=(x0, y0),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.3", "lw": 1.4,
+                                "shrinkA": 30, "shrinkB": 30,
+                                "connectionstyle": f"arc3,rad={curve}"})
+        ax.text((x0 + x1) / 2 + dx, (y0 + y1) / 2 + dy, label + _count(frame, src, dst),
+                ha="center", va="center", fontsize=9)
+    ax.set_xlim(-2.4, 9.2)
+    ax.set_ylim(-3.3, 1.9)
+    ax.axis("off")
+    ax.set_title(title + ("" if frame is None else "\n(N\u00d7: how often this journal took the arrow)"))
+    fig.tight_layout()
+    return fig
+
+
+def _count(frame: "pd.DataFrame | None", src: State | None, dst: State) -> str:
+    if frame is None:
+        return ""
+    same_src = frame["from_state"].isna() if src is None else frame["from_state"] == str(src)
+    return f" ({int((same_src & (frame['to_state'] == str(dst))).sum())}\u00d7)"
+
+
+def consumers_frame(results: Mapping[str, Iterable[Outcome]]) -> "pd.DataFrame":
+    """What each consumer reported, one row per outcome, in the order it reported them."""
+    import pandas as pd
+
+    rows = [(name, n, o.event_id, o.kind, o.generation,
+             None if o.effect is None else o.effect.category,
+             0 if o.effect is None else o.effect.amount_cents)
+            for name, outcomes in results.items() for n, o in enumerate(outcomes, start=1)]
+    return pd.DataFrame(rows, columns=["consumer", "nth", "event_id", "kind", "generation",
+                                       "category", "amount_cents"])
+
+
+def plot_consumers(results: Mapping[str, Iterable[Outcome]],
+                   journal: "pd.DataFrame | None" = None,
+                   title: str = "Which consumer finished which event") -> "Figure":
+    """One row per consumer, one column per event id: who finished what, and how much.
+
+    With the race's ``journal`` (``transitions_frame``), a second panel shows every
+    claim and ACK in the order the single writer committed them, on the lane of the
+    consumer that reported that event.
+    """
+    import matplotlib.pyplot as plt
+
+    frame = consumers_frame(results)
+    events = sorted(set(frame["event_id"]))
+    names = list(results)
+    colors = plt.get_cmap("tab10").colors
+    mosaic = [["who", "money"]] + ([["steps", "steps"]] if journal is not None else [])
+    fig, axes = plt.subplot_mosaic(mosaic, figsize=(FIG_WIDTH, (2.0 + 0.5 * len(names)) * len(mosaic)),
+                                   width_ratios=[3, 1])
+    ax, bars = axes["who"], axes["money"]
+    lanes = [f"{name}\n({int((frame['consumer'] == name).sum())} events)" for name in names]
+    for lane, name in enumerate(names):
+        mine = frame[frame["consumer"] == name]
+        ax.scatter([events.index(e) for e in mine["event_id"]], [lane] * len(mine), s=90,
+                   marker="s", color=colors[lane % 10])
+        bars.barh(lane, int(mine["amount_cents"].sum()), color=colors[lane % 10])
+    ax.set_xticks(range(len(events)), events, rotation=90, fontsize=8)
+    _lanes(ax, lanes)
+    _lanes(bars, [""] * len(names))
+    fig.suptitle(title)
+    ax.set_title("event ids each consumer finished", fontsize=10)
+    bars.set_xlabel("cents added")
+    bars.set_title("money per consumer", fontsize=10)
+    if journal is not None:
+        _plot_steps(axes["steps"], journal, frame, names, lanes)
+    fig.tight_layout()
+    return fig
+
+
+def _lanes(ax: Any, labels: list[str]) -> None:
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+
+
+def _plot_steps(ax: Any, journal: "pd.DataFrame", frame: "pd.DataFrame", names: list[str],
+                lanes: list[str]) -> None:
+    """Each claim and ACK in commit order, on the lane of the consumer that did it."""
+    from matplotlib.lines import Line2D
+
+    owner = dict(zip(frame["event_id"], frame["consumer"]))
+    steps = journal[journal["event_id"].isin(owner.keys()) & journal["from_state"].notna()]
+    for order, (seq, row) in enumerate(steps.iterrows(), start=1):
+        state = State(row["to_state"])
+        ax.scatter(order, names.index(owner[row["event_id"]]), s=40, color=STATE_COLORS[state],
+                   marker="o" if state == State.LEASED else "s")
+    _lanes(ax, lanes)
+    ax.set_xlabel("step in commit order (journal); every step at the same model second")
+    ax.set_title("one writer at a time: claims and ACKs in the order SQLite committed them",
+                 fontsize=10)
+    ax.legend(handles=[Line2D([], [], ls="", marker="o", color=STATE_COLORS[State.LEASED],
+                              label="claim (to leased)"),
+                       Line2D([], [], ls="", marker="s", color=STATE_COLORS[State.DONE],
+                              label="ACK (to done)")],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+
+
+def metrics_frame(samples: Iterable[Metrics]) -> "pd.DataFrame":
+    """``Queue.metrics`` samples as rows indexed by model second ``at``."""
+    import pandas as pd
+
+    rows = [{"at": m.at, **{str(s): m.depth.get(str(s), 0) for s in State},
+             "oldest_ready_age": m.oldest_ready_age, "expired_leases": m.expired_leases,
+             "dead_attempts": sum(m.dead_attempts.values())} for m in samples]
+    return pd.DataFrame(rows).set_index("at").astype("Int64")
+
+
+def plot_metrics(samples: Iterable[Metrics],
+                 title: str = "Queue metrics over model time") -> "Figure":
+    """Depth by state (stacked) above; below, the age of the oldest due message, the
+    attempts spent by dead messages and the expired leases no claim has noticed yet."""
+    import matplotlib.pyplot as plt
+
+    frame = metrics_frame(samples)
+    fig, (depth, ages) = plt.subplots(2, 1, figsize=(FIG_WIDTH, 6.2), sharex=True,
+                                      height_ratios=[3, 2])
+    seconds = list(frame.index)
+    depth.stackplot(seconds, *[frame[str(s)].to_numpy(dtype=float) for s in State],
+                    labels=[str(s) for s in State], colors=[STATE_COLORS[s] for s in State],
+                    step="post")
+    depth.set_ylabel("messages")
+    depth.set_title(title)
+    depth.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    ages.step(seconds, frame["oldest_ready_age"].to_numpy(dtype=float, na_value=0.0),
+              where="post", color=STATE_COLORS[State.READY], label="age of oldest due message (s)")
+    ages.step(seconds, frame["dead_attempts"].to_numpy(dtype=float), where="post",
+              color=STATE_COLORS[State.DEAD], label="attempts spent by dead messages")
+    ages.step(seconds, frame["expired_leases"].to_numpy(dtype=float), where="post",
+              color=STATE_COLORS[State.LEASED], ls="--", label="expired leases not yet noticed")
+    ages.set_ylabel("seconds, or count")
+    ages.set_xlabel("model time (s)")
+    ages.set_xticks(seconds)
+    ages.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    for ax in (depth, ages):
+        ax.grid(axis="y", color="0.85")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,181 @@
+"""The course's pictures show exactly what the database holds.
+
+Each figure is checked against the journal or the samples it was drawn from:
+lanes, colours, counts and labels, so a plot that drifts from the data fails.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Iterator
+
+import matplotlib
+
+matplotlib.use("Agg")  # tests draw off screen; notebooks keep the inline backend
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue  # noqa: E402
+from queue_core.plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame,  # noqa: E402
+                              plot_consumers, plot_metrics, plot_state_machine, plot_timeline,
+                              transitions_frame)
+
+TWO_ORDERS = "\n".join([
+    '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}',
+    '{"event_id": "E0002", "payload": {"category": "toy", "amount_cents": 3000}}',
+])
+
+
+@pytest.fixture(autouse=True)
+def close_figures() -> Iterator[None]:
+    yield
+    plt.close("all")
+
+
+@pytest.fixture
+def stale_story(queue: Queue, model_clock: ModelClock, handler: Handler) -> tuple[Queue, Mark]:
+    """E0001: claimed, expired, claimed again, a stale ACK rejected, done; then E0002: dead."""
+    first, second = TWO_ORDERS.splitlines()
+    queue.enqueue_jsonl(first)
+    stale = queue.claim()
+    model_clock.set(1002)
+    fresh = queue.claim()
+    with pytest.raises(LeaseLost) as lost:
+        queue.complete(stale, handler)
+    assert lost.value.code == "stale_generation"
+    rejected = mark(queue, "E0001", "stale ACK rejected")
+    queue.complete(fresh, handler)
+    queue.enqueue_jsonl(second)
+    dead = queue.claim()
+    queue.fail(dead, "invalid_payload", permanent=True)
+    return queue, rejected
+
+
+def test_importing_the_package_and_its_plots_loads_neither_pandas_nor_matplotlib() -> None:
+    probe = ("import sys, queue_core, queue_core.plots; "
+             "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=ROOT, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_transitions_frame_holds_the_journal_row_for_row(stale_story: tuple[Queue, Mark]) -> None:
+    queue, _ = stale_story
+    frame = transitions_frame(queue)
+    journal = queue.transitions()
+    assert list(frame.index) == [t.seq for t in journal]
+    assert list(frame.columns) == ["at", "event_id", "from_state", "to_state", "generation",
+                                   "attempts", "reason"]
+    rows = [(r.at, r.event_id, None if pd.isna(r.from_state) else r.from_state, r.to_state,
+             r.generation, r.attempts, r.reason) for r in frame.itertuples()]
+    assert rows == [(t.at, t.event_id, t.from_state, t.to_state, t.generation, t.attempts,
+                     t.reason) for t in journal]
+    assert frame["reason"].tolist() == ["enqueued", "claimed", "lease_expired", "claimed",
+                                        "completed", "enqueued", "claimed", "invalid_payload"]
+
+
+def test_a_mark_is_ordered_after_the_last_journal_row_at_the_moment_it_is_taken(
+        stale_story: tuple[Queue, Mark]) -> None:
+    _, rejected = stale_story
+    assert (rejected.at, rejected.after_seq, rejected.event_id) == (1002, 4, "E0001")
+
+
+def test_timeline_has_one_lane_per_event_ending_in_the_colour_of_its_final_state(
+        stale_story: tuple[Queue, Mark]) -> None:
+    queue, rejected = stale_story
+    fig = plot_timeline(queue, marks=[rejected])
+    ax = fig.axes[0]
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["E0001", "E0002"]
+    for lane, final in ((0, "done"), (1, "dead")):
+        bars = [p for p in ax.patches if p.get_y() + p.get_height() / 2 == lane]
+        last = max(bars, key=lambda p: p.get_x())
+        assert to_hex(last.get_facecolor()) == to_hex(STATE_COLORS[final])
+    texts = [t.get_text() for t in ax.texts]
+    assert sorted(t for t in texts if t.startswith("g")) == ["g1", "g1", "g2"]
+    assert "stale ACK rejected" in texts
+    assert "model time" in ax.get_xlabel()
+
+
+def test_timeline_places_a_mark_between_the_rows_it_happened_between(
+        stale_story: tuple[Queue, Mark]) -> None:
+    queue, rejected = stale_story
+    ax = plot_timeline(queue, marks=[rejected]).axes[0]
+    crosses = [line for line in ax.lines if line.get_marker() == "X"]
+    assert len(crosses) == 1
+    x = crosses[0].get_xdata()[0]
+    e0001_bars = sorted(p.get_x() for p in ax.patches if p.get_y() + p.get_height() / 2 == 0)
+    second_claim, completed = e0001_bars[-2], e0001_bars[-1]  # leased g2, then done
+    assert second_claim < x < completed
+
+
+def test_timeline_legend_names_only_the_symbols_the_picture_uses(queue: Queue,
+                                                                  handler: Handler) -> None:
+    queue.enqueue_jsonl(TWO_ORDERS)
+    queue.complete(queue.claim(), handler)
+    labels = [t.get_text() for t in plot_timeline(queue).axes[0].get_legend().get_texts()]
+    assert labels == ["ready", "leased", "done", "dead", "claim (gN: generation N)"]
+
+
+def test_state_machine_counts_each_arrow_from_the_journal(stale_story: tuple[Queue, Mark]) -> None:
+    queue, _ = stale_story
+    texts = " | ".join(t.get_text() for t in plot_state_machine(queue).axes[0].texts)
+    for expected in ("enqueue (2×)", "claim (3×)", "one transaction (1×)",
+                     "lease expired (1×)", "budget spent (1×)", "generation kept) (0×)"):
+        assert expected in texts
+    plain = " | ".join(t.get_text() for t in plot_state_machine().axes[0].texts)
+    assert "×" not in plain
+
+
+def _outcomes() -> dict[str, list[Outcome]]:
+    return {"consumer 1": [Outcome("E0100", "done", 1, effect=Effect("book", 100)),
+                           Outcome("E0102", "done", 1, effect=Effect("bag", 300))],
+            "consumer 2": [Outcome("E0101", "done", 1, effect=Effect("pen", 200))]}
+
+
+def test_consumers_frame_lists_each_report_with_its_money() -> None:
+    frame = consumers_frame(_outcomes())
+    assert frame[["consumer", "nth", "event_id", "amount_cents"]].values.tolist() == [
+        ["consumer 1", 1, "E0100", 100], ["consumer 1", 2, "E0102", 300],
+        ["consumer 2", 1, "E0101", 200]]
+
+
+def test_consumer_plot_draws_each_consumers_money_and_every_journal_step(
+        queue: Queue, handler: Handler) -> None:
+    queue.enqueue_jsonl("\n".join(
+        f'{{"event_id": "{e}", "payload": {{"category": "book", "amount_cents": {a}}}}}'
+        for e, a in (("E0100", 100), ("E0101", 200), ("E0102", 300))))
+    for _ in range(3):
+        queue.complete(queue.claim(), handler)
+    fig = plot_consumers(_outcomes(), transitions_frame(queue))
+    money = sorted(p.get_width() for p in fig.axes[1].patches)
+    assert money == [200, 400]
+    steps = fig.axes[2]
+    assert sum(len(c.get_offsets()) for c in steps.collections) == 6  # 3 claims + 3 ACKs
+    assert "commit order" in steps.get_xlabel()
+
+
+def test_metrics_frame_and_plot_follow_the_samples(queue: Queue, model_clock: ModelClock,
+                                                   handler: Handler) -> None:
+    queue.enqueue_jsonl(TWO_ORDERS)
+    samples = [queue.metrics()]
+    model_clock.set(1003)
+    samples.append(queue.metrics())
+    queue.complete(queue.claim(), handler)
+    queue.fail(queue.claim(), "invalid_payload", permanent=True)
+    samples.append(queue.metrics())
+    frame = metrics_frame(samples)
+    assert list(frame.index) == [1000, 1003, 1003]
+    assert frame[["ready", "done", "dead", "dead_attempts"]].values.tolist() == [
+        [2, 0, 0, 0], [2, 0, 0, 0], [0, 1, 1, 1]]
+    assert frame["oldest_ready_age"].tolist()[:2] == [0, 3]
+    assert pd.isna(frame["oldest_ready_age"].iloc[2])
+    depth, ages = plot_metrics(samples).axes
+    assert [t.get_text() for t in depth.get_legend().get_texts()] == ["ready", "leased", "done",
+                                                                     "dead"]
+    assert len(ages.lines) == 3
+    assert ages.get_xlabel() == "model time (s)"
