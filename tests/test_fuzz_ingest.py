@@ -245,7 +245,7 @@ def test_every_fuzzed_batch_is_accepted_whole_or_rejected_with_a_documented_code
 
 def test_a_seeded_campaign_reaches_acceptance_and_many_rejection_codes_with_nothing_unhandled():
     # A fuzzer that only ever hits one branch would prove little.
-    seen = run_campaign(100, seed=5)
+    seen = run_campaign(100, seed=2)
     assert seen["unhandled"] == 0 and seen["broken"] == 0, seen
     assert sum(seen.values()) == 100
     assert seen["accepted"] >= 5, seen
