@@ -81,7 +81,11 @@ def _reference_image() -> sqlite3.Connection:
 
 
 def _copy_of_reference(workdir: str | os.PathLike[str], name: str) -> Queue:
-    queue = fresh(workdir, name)
+    return _load_reference(fresh(workdir, name))
+
+
+def _load_reference(queue: Queue) -> Queue:
+    """Make ``queue``'s file a copy of the reference scenario's final state."""
     target = sqlite3.connect(queue.path)
     try:
         _reference_image().backup(target)
@@ -163,7 +167,8 @@ def silent_and_transient(queue: Queue) -> Iterator[str]:
 
 
 def reference_cases(queue: Queue) -> Iterator[str]:
-    reference_final(queue)
+    """The reference scenario's end, then E0004 redriven twice: without and with the fix."""
+    _load_reference(queue)
     yield "the reference scenario (E0004, unknown category)"
     queue.redrive("E0004")
     process_one(queue, Handler())
@@ -174,6 +179,7 @@ def reference_cases(queue: Queue) -> Iterator[str]:
 
 
 def malformed_cases(queue: Queue) -> Iterator[str]:
+    """Three payloads the handler refuses at once, each dead after one attempt."""
     queue.enqueue_jsonl(MALFORMED)
     drain(queue, Handler())
     yield "invalid payloads (a category array, amounts true and 1.0)"
