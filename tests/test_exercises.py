@@ -401,15 +401,16 @@ def test_exercises_md_has_six_exercises_each_with_goal_why_start_hints_and_solve
     found = sections()
     assert sorted(found) == [1, 2, 3, 4, 5, 6]
     for number, text in found.items():
-        for part in ("**Goal.**", "**Why it matters.**", "**Where to start.**", "**Solved means:**"):
-            assert part in text, (number, part)
+        for part in ("Goal.", "Why it matters.", "Where to start.", "Solved means:"):
+            assert f"**{part}**" in text, (number, part)
         hints = [f"<summary>Hint {n}</summary>" in text for n in (1, 2, 3)]
         assert hints == [True, True, True], number
         assert f"exercises.start_{number}(workdir)" in text, number
 
 
 def test_every_link_to_an_exercise_lands_on_a_heading() -> None:
-    anchors = {github_slug(line[3:]) for line in EXERCISES_MD.splitlines() if line.startswith("## ")}
+    headings = [line[3:] for line in EXERCISES_MD.splitlines() if line.startswith("## ")]
+    anchors = {github_slug(heading) for heading in headings}
     notebooks = (DATA.parent / "notebooks").rglob("*.ipynb")
     texts = [EXERCISES_MD] + [path.read_text(encoding="utf-8") for path in notebooks
                               if ".ipynb_checkpoints" not in path.parts]
