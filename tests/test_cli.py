@@ -114,7 +114,8 @@ def test_a_rejected_batch_exits_2_with_line_and_code_and_leaves_the_database_unc
 def test_a_rejected_batch_does_not_even_create_the_database_file(scratch: Path) -> None:
     result = run(scratch, "--db", "fresh.sqlite3", "enqueue", str(DATA / "reject_nan.jsonl"))
 
-    assert (result.returncode, result.stderr.split(":")[:2]) == (2, ["line 1", " non_finite_number"])
+    assert result.returncode == 2
+    assert result.stderr.startswith("line 1: non_finite_number: ")
     assert not (scratch / "fresh.sqlite3").exists()
 
 

@@ -17,6 +17,8 @@ from observe import effects, expect, ledger
 from queue_core import Queue
 from queue_core.child import ChildResult, collect, run_child
 
+BOOK = '{{"event_id": "{}", "payload": {{"category": "book", "amount_cents": {}}}}}\n'
+
 
 def start(db_path: Path, **options: object) -> subprocess.Popen[str]:
     proc = run_child(db_path, now=1000, lease_seconds=30, wait=False, **options)
@@ -56,8 +58,7 @@ def both(db_path: Path, **options: object) -> list[ChildResult]:
 
 
 def test_two_competing_clients_never_claim_the_same_event(queue: Queue, db_path: Path) -> None:
-    queue.enqueue_jsonl('{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 1}}\n'
-                        '{"event_id": "E0002", "payload": {"category": "pen", "amount_cents": 2}}\n')
+    queue.enqueue_jsonl(BOOK.format("E0001", 1) + BOOK.format("E0002", 2))
 
     # each claims, commits its claim, and dies holding the lease
     results = both(db_path, crash_at="claim.after_commit")
@@ -74,7 +75,7 @@ def test_two_competing_clients_never_claim_the_same_event(queue: Queue, db_path:
 
 def test_two_competing_clients_for_one_event_add_its_money_once(
         queue: Queue, db_path: Path) -> None:
-    queue.enqueue_jsonl('{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 7}}\n')
+    queue.enqueue_jsonl(BOOK.format("E0001", 7))
 
     results = both(db_path, mode="one")
 
@@ -102,7 +103,8 @@ def test_twenty_events_with_two_consumer_processes_are_each_added_exactly_once(
     total = sum(amount for _, amount in expected.values())
     assert ledger(db_path) == expect(total=total, effects=20, done=20)
     assert read_back(db_path, "SELECT DISTINCT generation FROM messages") == [(1,)]
-    assert read_back(db_path, "SELECT count(*) FROM transitions WHERE reason = 'claimed'") == [(20,)]
+    claims = read_back(db_path, "SELECT count(*) FROM transitions WHERE reason = 'claimed'")
+    assert claims == [(20,)]
 
 
 def test_two_consumers_claiming_in_batches_still_add_each_event_once(

@@ -55,7 +55,8 @@ def test_a_valid_payload_gives_its_effect(payload: dict, effect: Effect) -> None
     assert Handler().effect_of(payload) == effect
 
 
-@pytest.mark.parametrize("payload", [[], "book", None, 1], ids=["array", "string", "null", "number"])
+@pytest.mark.parametrize("payload", [[], "book", None, 1],
+                         ids=["array", "string", "null", "number"])
 def test_a_payload_that_is_not_an_object_is_invalid(payload: Any) -> None:
     with pytest.raises(InvalidPayload):
         Handler().effect_of(payload)

@@ -79,21 +79,22 @@ REJECTED = {
     "two-values-on-one-line": (line().strip() + line(), "invalid_json"),
     "trailing-comma": ('{"event_id": "E0100", "payload": {},}\n', "invalid_json"),
     "single-quotes": ("{'event_id': 'E0100', 'payload': {}}\n", "invalid_json"),
-    "integer-too-long-to-convert": ('{"event_id": "E0100", "payload": {"n": 1' + "0" * 5000 + '}}\n',
-                                    "invalid_json"),
+    "integer-too-long-to-convert": (
+        '{"event_id": "E0100", "payload": {"n": 1' + "0" * 5000 + '}}\n', "invalid_json"),
     "form-feed-only-line": ('\f\n', "invalid_json"),
     # duplicate keys at any depth
     "duplicate-key-in-envelope": ('{"event_id": "E0100", "event_id": "E0101", "payload": {}}\n',
                                   "duplicate_key"),
     "duplicate-key-in-payload": ('{"event_id": "E0100", "payload": {"a": 1, "a": 1}}\n',
                                  "duplicate_key"),
-    "duplicate-key-at-depth": ('{"event_id": "E0100", "payload": {"a": [{"b": {"c": 1, "c": 2}}]}}\n',
-                               "duplicate_key"),
+    "duplicate-key-at-depth": (
+        '{"event_id": "E0100", "payload": {"a": [{"b": {"c": 1, "c": 2}}]}}\n', "duplicate_key"),
     # non-finite numbers
     "nan": ('{"event_id": "E0100", "payload": {"n": NaN}}\n', "non_finite_number"),
     "infinity": ('{"event_id": "E0100", "payload": {"n": Infinity}}\n', "non_finite_number"),
     "minus-infinity": ('{"event_id": "E0100", "payload": {"n": -Infinity}}\n', "non_finite_number"),
-    "overflow-to-infinity": ('{"event_id": "E0100", "payload": {"n": 1e999}}\n', "non_finite_number"),
+    "overflow-to-infinity": ('{"event_id": "E0100", "payload": {"n": 1e999}}\n',
+                             "non_finite_number"),
     # strings with no UTF-8 form
     "lone-surrogate-in-value": ('{"event_id": "E0100", "payload": {"s": "\\ud800"}}\n',
                                 "unencodable_string"),
@@ -151,8 +152,8 @@ def test_a_line_that_is_not_utf8_is_rejected_and_leaves_the_database_unchanged(
 
 def test_a_python_string_with_a_lone_surrogate_is_rejected_as_not_utf8(
         stocked: Queue, db_path: Path) -> None:
-    assert_rejected(stocked, db_path, line("E0099") + '{"event_id": "E0100", "payload": {"s": "\ud800"}}',
-                    "invalid_utf8", 2)
+    text = line("E0099") + '{"event_id": "E0100", "payload": {"s": "\ud800"}}'
+    assert_rejected(stocked, db_path, text, "invalid_utf8", 2)
 
 
 def test_the_line_number_counts_blank_lines_bom_and_crlf(stocked: Queue, db_path: Path) -> None:

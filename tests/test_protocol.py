@@ -90,7 +90,8 @@ def test_a_repeat_against_stored_is_judged_on_the_canonical_payload(
         queue: Queue, db_path: Path, stored: str, again: str, conflict: bool) -> None:
     queue.enqueue_jsonl(f'{{"event_id": "E0001", "payload": {stored}}}\n')
     before = snapshot(db_path)
-    batch = f'{{"event_id": "E0002", "payload": {{}}}}\n{{"event_id": "E0001", "payload": {again}}}\n'
+    batch = ('{"event_id": "E0002", "payload": {}}\n'
+             f'{{"event_id": "E0001", "payload": {again}}}\n')
 
     if conflict:
         with pytest.raises(BatchConflict) as caught:
@@ -413,7 +414,8 @@ def test_redrive_without_the_fix_ends_dead_again(
     assert ledger(db_path) == expect(total=17000, effects=3, done=3, ready=1)
     outcomes = drain(queue, handler)
 
-    assert [(o.event_id, o.kind, o.code) for o in outcomes] == [("E0004", "dead", "invalid_payload")]
+    assert [(o.event_id, o.kind, o.code) for o in outcomes] == \
+        [("E0004", "dead", "invalid_payload")]
     stored = row(db_path, "E0004")
     assert (stored["attempts"], stored["generation"], stored["last_error"]) == \
         (1, 2, "invalid_payload")

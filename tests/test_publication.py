@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -43,8 +42,8 @@ _SECRET = re.compile("|".join(f"(?P<g{i}>{pattern})" for i, pattern in enumerate
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
     parts = re.split(r"(\*\*/|\*)", pattern)
-    regex = "".join("(?:[^/.][^/]*/)*" if part == "**/" else "[^/]*" if part == "*" else re.escape(part)
-                    for part in parts)
+    pieces = {"**/": "(?:[^/.][^/]*/)*", "*": "[^/]*"}
+    regex = "".join(pieces.get(part, re.escape(part)) for part in parts)
     return re.compile(regex + r"\Z")
 
 
