@@ -638,6 +638,11 @@ def test_every_call_closes_its_connection_so_the_folder_removes_cleanly(
     folder.mkdir()
     db = folder / "queue.sqlite3"
     queue = Queue(db, clock=model_clock, lease_seconds=2)
+    with sqlite3.connect(db) as leaky:  # the pitfall: the block commits, it does not close
+        leaky.execute("SELECT count(*) FROM messages").fetchall()
+    assert _open_descriptors_on(folder) != []  # so this check can catch a leak
+    leaky.close()
+    assert _open_descriptors_on(folder) == []
     queue.enqueue_file(DATA / "demo.jsonl")
     drain(queue, handler)
     with pytest.raises(NotRedrivable):
@@ -652,3 +657,44 @@ def test_every_call_closes_its_connection_so_the_folder_removes_cleanly(
     assert ledger(db) == expect(total=17000, effects=3, done=3, dead=1)
     shutil.rmtree(folder)
     assert not folder.exists()
+
+
+# -- the schema: a second line of defence against direct SQL ------------------------------
+
+BAD_WRITES = {
+    "unknown-state": "UPDATE messages SET state = 'paused'",
+    "leased-without-deadline": "UPDATE messages SET state = 'leased', attempts = 1, generation = 1",
+    "deadline-while-ready": "UPDATE messages SET lease_until = 1002",
+    "negative-attempts": "UPDATE messages SET attempts = -1",
+    "generation-below-attempts": "UPDATE messages SET attempts = 2, generation = 1",
+    "dead-without-reason": "UPDATE messages SET state = 'dead'",
+    "text-in-an-integer-column": "UPDATE messages SET available_at = 'soon'",
+    "event-id-shape": "INSERT INTO messages (event_id, payload, available_at) "
+                      "VALUES ('E123', '{}', 1000)",
+    "payload-not-json": "INSERT INTO messages (event_id, payload, available_at) "
+                        "VALUES ('E0002', '{', 1000)",
+    "effect-for-unknown-event": "INSERT INTO effects VALUES ('E0009', 'book', 100)",
+    "effect-amount-zero": "INSERT INTO effects VALUES ('E0001', 'book', 0)",
+    "effect-amount-too-large": "INSERT INTO effects VALUES ('E0001', 'book', 10000000)",
+    "second-effect-for-one-event": "INSERT INTO effects VALUES ('E0001', 'book', 1); "
+                                   "INSERT INTO effects VALUES ('E0001', 'book', 1)",
+}
+
+
+@pytest.mark.parametrize("sql", BAD_WRITES.values(), ids=BAD_WRITES.keys())
+def test_the_schema_refuses_rows_that_break_the_state_machine(
+        queue: Queue, db_path: Path, sql: str) -> None:
+    queue.enqueue_jsonl(ONE_BOOK)
+    before = snapshot(db_path)
+    conn = connect(db_path)  # foreign keys on, as every connection of the package
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.IntegrityError):
+            for statement in sql.split("; "):
+                conn.execute(statement)
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+    assert snapshot(db_path) == before
+    assert ledger(db_path) == expect(total=0, effects=0, ready=1)
