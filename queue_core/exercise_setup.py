@@ -137,7 +137,6 @@ STARTS: dict[int, Callable[[str | os.PathLike[str]], Queue]] = {
     1: start_1, 2: start_2, 3: start_3, 4: start_4, 6: start_6}
 
 
-
 # -- exercise 5: prepared databases ----------------------------------------------------
 
 def _line(event_id: str, category: str, amount_cents: int) -> str:
