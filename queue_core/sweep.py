@@ -28,6 +28,7 @@ import os
 import sqlite3
 import subprocess
 import tempfile
+import textwrap
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,8 +183,9 @@ def _stale_case(proto: Protocol, step: str, db: Path) -> SweepRow:
     then = finish(proto, other, current, handler)
     finished = run_to_completion(other, clock, handler, proto)
     row = _row(proto, step, db, finished)
-    detail = f"slow worker: {woke.kind} {woke.code or ''}; current worker: {then.kind}; {row.detail}"
-    return SweepRow(row.protocol, row.step, row.outcome, row.total, detail.replace("  ", " "))
+    woke_text = " ".join(filter(None, (woke.kind, woke.code)))
+    detail = f"slow worker: {woke_text}; current worker: {then.kind}; {row.detail}"
+    return SweepRow(row.protocol, row.step, row.outcome, row.total, detail)
 
 
 def _claim_event(queue: Queue, event_id: str, handler: Handler, proto: Protocol) -> Lease:
@@ -232,7 +234,8 @@ def _classify(integrity: str, rows: list[tuple[Any, ...]], writes: list[tuple[st
     wrong_dead = sorted(e for e, reason in EXPECTED_DEAD.items()
                         if (state[e][0], state[e][2]) != ("dead", reason))
     if missing or wrong_dead or total != EXPECTED_TOTAL:
-        return "lost money", total, f"{', '.join(missing + wrong_dead)} not done: {total}"
+        found = ", ".join(f"{e} {state[e][0]} with {count[e]} effects" for e in missing + wrong_dead)
+        return "lost money", total, f"{found}: {total}"
     stale = sorted(e for e, g in done_by.items() if g != state[e][1])
     if stale:
         return "stale ACK accepted", total, f"{', '.join(stale)} done by an expired lease"
@@ -273,12 +276,11 @@ def plot_sweep(rows: Sequence[SweepRow], title: str = "Crash sweep: outcome per 
                 ax.text(x, y, outcome, ha="center", va="center", fontsize=8, color="white")
     ax.set_xlim(-0.5, len(table.columns) - 0.5)
     ax.set_ylim(len(table.index) - 0.5, -0.5)
-    ax.set_xticks(range(len(table.columns)), table.columns)
+    ax.set_xticks(range(len(table.columns)), [textwrap.fill(c, 12) for c in table.columns])
     ax.set_yticks(range(len(table.index)), table.index)
-    ax.xaxis.tick_top()
     ax.set_xlabel("protocol (the last three are deliberately broken)")
     ax.set_ylabel("where the worker died (or paused: stale.*)")
-    ax.set_title(title, pad=28)
+    ax.set_title(title)
     seen = [o for o in COLOURS if o in set(table.values.ravel())]
     ax.legend(handles=[Patch(color=COLOURS[o], label=o) for o in seen], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), title="outcome", frameon=False)
