@@ -15,7 +15,7 @@ import sys
 from typing import Sequence
 
 from .clock import Clock, ModelClock, SystemClock
-from .errors import QueueError
+from .errors import IntegrityViolation, QueueError
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue
@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
+    except IntegrityViolation as exc:  # the file was changed behind the protocol
+        print(f"error: {exc.code}: {exc}", file=sys.stderr)
+        return EXIT_OPERATIONAL
     except QueueError as exc:
         print(_refusal(exc), file=sys.stderr)
         return EXIT_REFUSED

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -214,6 +215,26 @@ def test_an_unusable_database_file_is_an_operational_error_exit_1(scratch: Path,
     assert result.returncode == 1
     assert result.stderr.startswith("error: database_error: ")
     assert "Traceback" not in result.stderr
+
+
+def test_an_effect_written_behind_the_protocol_stops_work_with_exit_1_and_writes_nothing(
+        scratch: Path) -> None:
+    assert run(scratch, "--now", "1000", "enqueue", "demo.jsonl").returncode == 0
+    conn = sqlite3.connect(scratch / "queue.sqlite3")
+    try:  # the file's owner bypasses the protocol: E0001 has an effect but is still ready
+        with conn:
+            conn.execute("INSERT INTO effects VALUES ('E0001', 'book', 10000)")
+    finally:
+        conn.close()
+    before = snapshot(scratch / "queue.sqlite3")
+
+    result = run(scratch, "--now", "1000", "work")
+
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: integrity_violation: ")
+    assert "Traceback" not in result.stderr
+    assert snapshot(scratch / "queue.sqlite3")["effects"] == before["effects"]
+    assert status_json(scratch)["states"] == {"ready": 3, "leased": 1, "done": 0, "dead": 0}
 
 
 def test_the_demo_prints_the_reference_figures(tmp_path: Path) -> None:
