@@ -358,8 +358,8 @@ class Plan:
 
 FULL = Plan(rounds=12, budget_s=150.0, raw=40, single=100, k10=400, k100=2000,
             sizes=(1_000, 10_000, 100_000), full=True)
-QUICK = Plan(rounds=4, budget_s=3.0, raw=20, single=30, k10=150, k100=600,
-             sizes=(1_000, 3_000, 10_000), full=False)
+QUICK = Plan(rounds=4, budget_s=1.5, raw=10, single=15, k10=80, k100=300,
+             sizes=(1_000, 10_000), full=False)
 
 
 def same_file_system_dir() -> Path:
@@ -438,10 +438,12 @@ def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None) ->
     """Medians per case and the target ratios, all from this run."""
     vs_raw = {case.name: case.vs_raw() for case in cases}
     vs_raw["raw"] = 1.0
-    vs_raw["size_max"] = vs_raw[f"size_{max(c.size for c in cases if isinstance(c, QueueSize))}"]
-    ratios = {name: (vs_raw[top] / vs_raw[bottom], minimum)
+    largest = max(case.size for case in cases if isinstance(case, QueueSize))
+    lookup = dict(vs_raw, size_max=vs_raw[f"size_{largest}"])
+    ratios = {name.replace("largest queue", f"{largest:,} queued"): (lookup[top] / lookup[bottom],
+                                                                    minimum)
               for name, (top, bottom, minimum) in TARGETS.items()
-              if top in vs_raw and bottom in vs_raw}
+              if top in lookup and bottom in lookup}
     every = [raw, *cases]
     return {
         "rates": {case.name: case.rate() for case in every},
@@ -464,7 +466,6 @@ def report(results: dict[str, Any]) -> list[str]:
              "msgs/s = claim + complete; with enqueue = the same slice including the "
              "enqueue of its JSONL batch; x raw = against the raw commits right around it",
              f"{'case':<46}{'msgs/s':>8}{'with enqueue':>14}{'x raw':>8}"]
-    vs_raw = {name: value for name, value in vs_raw.items() if name != "size_max"}
     for name, rate in rates.items():
         lines.append(f"{results['labels'][name]:<46}{rate:>8.0f}{e2e[name]:>14.0f}"
                      f"{vs_raw[name]:>8.2f}")

@@ -1,0 +1,140 @@
+"""Flat cost: the claim's reads walk partial indexes, whatever the queue holds.
+
+``done`` rows are kept forever (they deduplicate repeats), so a claim that
+scanned or sorted ``messages`` would slow down as history grows. The claim's
+candidate SELECT and its expiry scan are the statements ``queue.py`` runs
+(``CLAIM_SELECT``, ``EXPIRED_SELECT``), explained here as they are, and the
+work SQLite does for them is counted in virtual-machine steps, which do not
+depend on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from observe import expect, ledger
+from queue_core import Handler, ModelClock, Queue, drain
+from queue_core.queue import CLAIM_SELECT, EXPIRED_SELECT
+
+
+def batch(first: int, count: int) -> str:
+    return "".join(json.dumps({"event_id": f"E{i:04d}",
+                               "payload": {"category": "pen", "amount_cents": 1}}) + "\n"
+                   for i in range(first, first + count))
+
+
+def fill(path: Path, clock: ModelClock, *, done: int, leased: int, ready: int) -> Queue:
+    """A queue with that many messages in each state (fsync off: only the
+    shape of the file matters here, and the fill is faster)."""
+    queue = Queue(path, clock=clock, lease_seconds=60, synchronous="OFF")
+    total = done + leased + ready
+    for first in range(0, total, 1000):
+        queue.enqueue_jsonl(batch(first, min(1000, total - first)))
+    with queue.session():
+        drain_some(queue, done)
+        if leased:
+            queue.claim_batch(leased)
+    assert ledger(path) == expect(total=done, effects=done, done=done, leased=leased,
+                                  ready=ready)
+    return queue
+
+
+def drain_some(queue: Queue, count: int) -> list[str]:
+    """Claim and complete ``count`` messages, 100 per transaction."""
+    finished: list[str] = []
+    while len(finished) < count:
+        leases = queue.claim_batch(min(100, count - len(finished)))
+        queue.complete_batch(leases, Handler())
+        finished.extend(lease.event_id for lease in leases)
+    return finished
+
+
+@pytest.fixture
+def reader(db_path: Path) -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(db_path)
+    yield conn
+    conn.close()
+
+
+def plan(conn: sqlite3.Connection, sql: str, params: tuple[int, ...]) -> list[str]:
+    return [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+
+
+def vm_steps(conn: sqlite3.Connection, sql: str, params: tuple[int, ...]) -> int:
+    """Virtual-machine instructions SQLite executes for ``sql`` (deterministic)."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    conn.set_progress_handler(count, 1)
+    try:
+        conn.execute(sql, params).fetchall()
+    finally:
+        conn.set_progress_handler(None, 1)
+    return steps
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "after-ANALYZE"])
+def test_the_claim_walks_the_ready_index_in_order_without_a_scan_or_a_sort(
+        db_path: Path, model_clock: ModelClock, reader: sqlite3.Connection,
+        analyzed: bool) -> None:
+    fill(db_path, model_clock, done=1500, leased=100, ready=400)
+    if analyzed:  # statistics must not tempt the planner into a scan
+        reader.execute("ANALYZE")
+
+    steps = plan(reader, CLAIM_SELECT, (1000, 100))
+
+    assert steps == ["SEARCH messages USING INDEX messages_ready (available_at<?)"]
+    assert not any("SCAN" in step or "TEMP B-TREE" in step for step in steps)
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "after-ANALYZE"])
+def test_the_expiry_scan_walks_only_the_leased_index(
+        db_path: Path, model_clock: ModelClock, reader: sqlite3.Connection,
+        analyzed: bool) -> None:
+    fill(db_path, model_clock, done=1500, leased=100, ready=400)
+    if analyzed:
+        reader.execute("ANALYZE")
+
+    steps = plan(reader, EXPIRED_SELECT, (1000,))
+
+    assert steps == ["SEARCH messages USING INDEX messages_leased (lease_until<?)"]
+
+
+def test_the_claims_work_does_not_grow_with_done_rows(tmp_path: Path) -> None:
+    small = fill(tmp_path / "small.sqlite3", ModelClock(1000), done=10, leased=10, ready=50)
+    large = fill(tmp_path / "large.sqlite3", ModelClock(1000), done=4000, leased=10, ready=50)
+    counts = {}
+    for name, queue in (("small", small), ("large", large)):
+        conn = sqlite3.connect(queue.path)
+        try:
+            counts[name] = (vm_steps(conn, CLAIM_SELECT, (1000, 10)),
+                            vm_steps(conn, EXPIRED_SELECT, (1000,)))
+        finally:
+            conn.close()
+
+    assert counts["small"] == counts["large"]
+    assert counts["small"][0] < 400  # ten candidates, not thousands of rows
+
+
+def test_the_claims_work_does_not_grow_with_ready_rows_beyond_its_limit(
+        tmp_path: Path) -> None:
+    few = fill(tmp_path / "few.sqlite3", ModelClock(1000), done=0, leased=0, ready=20)
+    many = fill(tmp_path / "many.sqlite3", ModelClock(1000), done=0, leased=0, ready=5000)
+    counts = []
+    for queue in (few, many):
+        conn = sqlite3.connect(queue.path)
+        try:
+            counts.append(vm_steps(conn, CLAIM_SELECT, (1000, 10)))
+        finally:
+            conn.close()
+
+    assert counts[0] == counts[1]
