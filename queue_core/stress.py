@@ -23,6 +23,7 @@ from typing import Any, Iterable
 from .crashpoints import POINTS
 from .errors import TransientError
 from .handler import DEFAULT_CATEGORIES, Handler
+from .values import Effect
 
 START = 1000
 LEASE_SECONDS = 2
@@ -69,7 +70,7 @@ class FlakyHandler(Handler):
         if self.fails(event_id, attempt):
             raise TransientError(f"{event_id}: injected transient fault on attempt {attempt}")
 
-    def apply(self, conn: sqlite3.Connection, event_id: str, payload: Any):  # type: ignore[override]
+    def apply(self, conn: sqlite3.Connection, event_id: str, payload: Any) -> Effect:
         self.inject_fault(conn, event_id)
         return super().apply(conn, event_id, payload)
 

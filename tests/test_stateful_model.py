@@ -15,7 +15,6 @@ import shutil
 import sqlite3
 import tempfile
 from dataclasses import dataclass, replace
-from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
