@@ -13,9 +13,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .clock import ModelClock, SystemClock
 from .crashpoints import CRASH_EXIT_CODE, arm
@@ -25,6 +26,7 @@ from .values import Effect, Outcome
 from .worker import drain, process_one
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+GATE_TIMEOUT_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,8 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
               accept: Sequence[str] = (), batch_size: int = 1,
               wait: bool = True, protocol: str = "protocol",
               faults: Mapping[str, Any] | None = None,
-              crash_after: int = 1) -> ChildResult | subprocess.Popen[str]:
+              crash_after: int = 1,
+              gate: str | os.PathLike[str] | None = None) -> ChildResult | subprocess.Popen[str]:
     """Start a worker process on ``db_path``; ``mode`` is ``one`` or ``drain``.
 
     ``now`` fixes the child's model clock (the system clock if ``None``).
@@ -54,18 +57,47 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
     drain); ``faults`` configures injected transient faults
     (``queue_core.stress.FlakyHandler.from_spec``); ``crash_after`` is
     which arrival at ``crash_at`` kills the worker (the first by default).
+    With a ``gate`` folder the child starts, opens the database, then waits
+    there until ``open_gate`` lets all the waiting children go at once.
     """
     if mode not in ("one", "drain"):
         raise ValueError(f"mode must be 'one' or 'drain', got {mode!r}")
     spec = {"db": os.fspath(db_path), "now": now, "lease_seconds": lease_seconds,
             "crash_at": crash_at, "mode": mode, "accept": list(accept),
             "batch_size": batch_size, "protocol": protocol, "faults": dict(faults or {}),
-            "crash_after": crash_after}
+            "crash_after": crash_after, "gate": None if gate is None else os.fspath(gate)}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [_PACKAGE_PARENT, *filter(None, [os.environ.get("PYTHONPATH")])]))
     proc = subprocess.Popen([sys.executable, "-m", "queue_core.child", json.dumps(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return collect(proc) if wait else proc
+
+
+def open_gate(gate: str | os.PathLike[str], workers: int) -> None:
+    """Wait until ``workers`` children wait at ``gate``, then let them all start.
+
+    Starting a Python process takes longer than draining a small queue, so
+    without a common start the first child often finishes before the second
+    has begun. Raises ``TimeoutError`` after ``GATE_TIMEOUT_SECONDS``.
+    """
+    folder = Path(gate)
+    _wait_for(lambda: len(list(folder.glob("ready-*"))) >= workers,
+              f"{workers} workers at the gate")
+    (folder / "go").touch()
+
+
+def _wait_at_gate(gate: str) -> None:
+    folder = Path(gate)
+    (folder / f"ready-{os.getpid()}").touch()
+    _wait_for((folder / "go").exists, "the gate to open")
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + GATE_TIMEOUT_SECONDS
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {GATE_TIMEOUT_SECONDS:.0f} s for {what}")
+        time.sleep(0.0005)  # polling a file: half a millisecond keeps the start together
 
 
 def collect(proc: subprocess.Popen[str]) -> ChildResult:
@@ -101,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .stress import FlakyHandler  # lazily: stress starts children itself
         handler = FlakyHandler.from_spec(handler.categories, spec["faults"])
     arm(spec["crash_at"], after=spec.get("crash_after", 1))
+    if spec.get("gate"):
+        _wait_at_gate(spec["gate"])
     if spec.get("protocol", "protocol") != "protocol":
         from .naive import drain as drain_with, protocol  # teaching contrasts only
         drain_with(queue, handler, protocol(spec["protocol"]), on_outcome=_report)

@@ -1,0 +1,37 @@
+"""A starting gate lets real worker processes begin a race together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA
+from queue_core import Queue, child
+from queue_core.child import collect, open_gate, run_child
+
+
+def test_two_gated_workers_drain_twenty_events_each_effect_exactly_once(
+        queue: Queue, tmp_path: Path) -> None:
+    queue.enqueue_file(DATA / "twenty.jsonl")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    workers = [run_child(queue.path, now=1000, lease_seconds=2, mode="drain", wait=False,
+                         gate=gate) for _ in range(2)]
+    open_gate(gate, len(workers))
+    results = [collect(worker) for worker in workers]
+    assert [r.exit_code for r in results] == [0, 0]
+    assert len(list(gate.glob("ready-*"))) == 2 and (gate / "go").exists()
+    done = sorted(o.event_id for r in results for o in r.outcomes if o.kind == "done")
+    assert done == [f"E{n:04d}" for n in range(100, 120)]
+    status = queue.status()
+    assert (status.total, status.effects, status.states["done"]) == (21000, 20, 20)
+
+
+def test_open_gate_gives_up_when_too_few_workers_arrive(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(child, "GATE_TIMEOUT_SECONDS", 0.05)
+    (tmp_path / "ready-1").touch()
+    with pytest.raises(TimeoutError):
+        open_gate(tmp_path, 2)
+    assert not (tmp_path / "go").exists()
