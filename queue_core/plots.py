@@ -90,44 +90,56 @@ def plot_timeline(source: "Queue | pd.DataFrame", *, marks: Sequence[Mark] = (),
     """One lane per event id: coloured by the state entered, claims labelled ``g`` +
     generation, expired leases as ``x``, marks as red crosses with their label."""
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     frame = source if hasattr(source, "columns") else transitions_frame(source)
     events = sorted(set(frame["event_id"]) | {m.event_id for m in marks})
     x = _positions(frame, marks)
+    first = min([*frame["at"], *(m.at for m in marks)])
     end = max([*frame["at"], *(m.at for m in marks)]) + 1 if until is None else until
     lane_inches = 0.55 if len(events) <= 8 else 0.4  # keep twenty lanes on one screen
-    fig, ax = plt.subplots(figsize=(FIG_WIDTH, max(2.8, 1.3 + lane_inches * len(events))))  # legend fits
+    # at least 2.8 inches high, so the legend beside a single lane still fits
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, max(2.8, 1.3 + lane_inches * len(events))))
     for lane, event_id in enumerate(events):
         rows = frame[frame["event_id"] == event_id]
         starts = [x[float(seq)] for seq in rows.index]
-        for (seq, row), start, stop in zip(rows.iterrows(), starts, [*starts[1:], end]):
+        for (_, row), start, stop in zip(rows.iterrows(), starts, [*starts[1:], end]):
             ax.barh(lane, stop - start, left=start, height=0.5,
                     color=STATE_COLORS[State(row["to_state"])], edgecolor="white")
             _draw_step(ax, lane, start, row)
-    first = min([*frame["at"], *(m.at for m in marks)])
+    middle = (first + end) / 2
     for m, order in zip(marks, _mark_order(marks)):
-        lane, at = events.index(m.event_id), x[order]
-        ax.plot(at, lane, marker="X", color="crimson", markersize=11, markeredgecolor="black")
-        # below the bar, growing away from the nearer edge so it stays inside the axes
-        ax.annotate(m.label, (at, lane + 0.25), xytext=(0, -2), textcoords="offset points",
-                    ha="left" if at < (first + end) / 2 else "right", va="top", fontsize=8,
-                    color="crimson",
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9})
-    _timeline_axes(ax, events, frame, marks, end, title)
-    handles = [Patch(color=STATE_COLORS[s], label=str(s)) for s in State]
+        _draw_mark(ax, events.index(m.event_id), x[order], m.label, right=x[order] > middle)
+    _timeline_axes(ax, events, int(first), end, title, room_below=bool(marks))
+    _timeline_legend(ax, expired=bool((frame["reason"] == "lease_expired").any()),
+                     marked=bool(marks))
+    fig.tight_layout()
+    return fig
+
+
+def _draw_mark(ax: Any, lane: int, at: float, label: str, *, right: bool) -> None:
+    """A red cross on the lane; its label below the bar, growing away from the nearer
+    edge of the axes so that it stays inside them."""
+    ax.plot(at, lane, marker="X", color="crimson", markersize=11, markeredgecolor="black")
+    ax.annotate(label, (at, lane + 0.25), xytext=(0, -2), textcoords="offset points",
+                ha="right" if right else "left", va="top", fontsize=8, color="crimson",
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9})
+
+
+def _timeline_legend(ax: Any, *, expired: bool, marked: bool) -> None:
+    """States, then only the symbols this picture uses."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [Patch(color=STATE_COLORS[s], label=str(s)) for s in State]
     handles.append(Line2D([], [], ls="", marker="|", color="black", markersize=12,
                           label="claim (gN: generation N)"))
-    if (frame["reason"] == "lease_expired").any():
+    if expired:
         handles.append(Line2D([], [], ls="", marker="x", color="black",
                               label="expired lease noticed"))
-    if marks:
+    if marked:
         handles.append(Line2D([], [], ls="", marker="X", color="crimson", markeredgecolor="black",
                               markersize=9, label="rejected or crashed"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
-    fig.tight_layout()
-    return fig
 
 
 def _draw_step(ax: Any, lane: int, start: float, row: Any) -> None:
@@ -139,11 +151,11 @@ def _draw_step(ax: Any, lane: int, start: float, row: Any) -> None:
         ax.plot(start, lane, marker="x", color="black", markersize=9, mew=2)
 
 
-def _timeline_axes(ax: Any, events: list[str], frame: "pd.DataFrame", marks: Sequence[Mark],
-                   end: float, title: str) -> None:
-    first = int(min([*frame["at"], *(m.at for m in marks)]))
+def _timeline_axes(ax: Any, events: list[str], first: int, end: float, title: str, *,
+                   room_below: bool) -> None:
     ax.set_yticks(range(len(events)), events)
-    ax.set_ylim(len(events) - (0.1 if marks else 0.4), -0.7)  # room for a label under the last lane
+    # room under the last lane for a mark's label
+    ax.set_ylim(len(events) - (0.1 if room_below else 0.4), -0.7)
     ax.set_xlim(first - 0.1, end)
     ax.set_xticks(range(first, int(end) + 1))
     ax.set_xlabel("model time (s); steps within one second are spread out in journal order")
@@ -189,12 +201,14 @@ def plot_state_machine(source: "Queue | pd.DataFrame | None" = None,
     ax.set_xlim(-2.4, 9.2)
     ax.set_ylim(-3.3, 1.9)
     ax.axis("off")
-    ax.set_title(title + ("" if frame is None else "\n(N\u00d7: how often this journal took the arrow)"))
+    counted = "\n(N\u00d7: how often this journal took the arrow)"
+    ax.set_title(title + ("" if frame is None else counted))
     fig.tight_layout()
     return fig
 
 
 def _count(frame: "pd.DataFrame | None", src: State | None, dst: State) -> str:
+    """`` (N×)``: how many journal rows went from ``src`` (None: created) to ``dst``."""
     if frame is None:
         return ""
     same_src = frame["from_state"].isna() if src is None else frame["from_state"] == str(src)
@@ -229,8 +243,8 @@ def plot_consumers(results: Mapping[str, Iterable[Outcome]],
     names = list(results)
     colors = plt.get_cmap("tab10").colors
     mosaic = [["who", "money"]] + ([["steps", "steps"]] if journal is not None else [])
-    fig, axes = plt.subplot_mosaic(mosaic, figsize=(FIG_WIDTH, (2.0 + 0.5 * len(names)) * len(mosaic)),
-                                   width_ratios=[3, 1])
+    height = (2.0 + 0.5 * len(names)) * len(mosaic)
+    fig, axes = plt.subplot_mosaic(mosaic, figsize=(FIG_WIDTH, height), width_ratios=[3, 1])
     ax, bars = axes["who"], axes["money"]
     lanes = [f"{name}\n({int((frame['consumer'] == name).sum())} events)" for name in names]
     for lane, name in enumerate(names):
@@ -263,7 +277,7 @@ def _plot_steps(ax: Any, journal: "pd.DataFrame", frame: "pd.DataFrame", names: 
 
     owner = dict(zip(frame["event_id"], frame["consumer"]))
     steps = journal[journal["event_id"].isin(owner.keys()) & journal["from_state"].notna()]
-    for order, (seq, row) in enumerate(steps.iterrows(), start=1):
+    for order, (_, row) in enumerate(steps.iterrows(), start=1):
         state = State(row["to_state"])
         ax.scatter(order, names.index(owner[row["event_id"]]), s=40, color=STATE_COLORS[state],
                    marker="o" if state == State.LEASED else "s")
@@ -291,7 +305,8 @@ def metrics_frame(samples: Iterable[Metrics]) -> "pd.DataFrame":
 def plot_metrics(samples: Iterable[Metrics],
                  title: str = "Queue metrics over model time") -> "Figure":
     """Depth by state (stacked) above; below, the age of the oldest due message, the
-    attempts spent by dead messages and the expired leases no claim has noticed yet."""
+    attempts spent by dead messages and the expired leases no claim has noticed yet.
+    The age is drawn as 0 while no message is due (``oldest_ready_age`` is ``None``)."""
     import matplotlib.pyplot as plt
 
     frame = metrics_frame(samples)

@@ -21,7 +21,7 @@ from conftest import ROOT
 NOTEBOOKS = ROOT / "notebooks"
 PATHS = sorted(p for p in NOTEBOOKS.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 IDS = [str(p.relative_to(NOTEBOOKS)) for p in PATHS]
-ABSOLUTE_PATH = re.compile(r"/work\b|/tmp/|/home\b|/Users/|[A-Z]:\\\\")
+ABSOLUTE_PATH = re.compile(r"/work\b|/tmp/|/home\b|/Users/|[A-Z]:\\")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -40,7 +40,8 @@ def source(cell: dict[str, Any]) -> str:
 def output_texts(output: dict[str, Any]) -> list[str]:
     """Every piece of text an output holds (stream, data of any text type, traceback)."""
     parts: list[Any] = [output.get("text", ""), *output.get("traceback", [])]
-    parts += [value for mime, value in output.get("data", {}).items() if not mime.startswith("image/")]
+    parts += [value for mime, value in output.get("data", {}).items()
+              if not mime.startswith("image/")]
     return ["".join(p) if isinstance(p, list) else str(p) for p in parts]
 
 

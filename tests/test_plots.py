@@ -10,18 +10,14 @@ import subprocess
 import sys
 from typing import Iterator
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from matplotlib.colors import to_hex
 
-matplotlib.use("Agg")  # tests draw off screen; notebooks keep the inline backend
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.colors import to_hex  # noqa: E402
-
-from conftest import ROOT  # noqa: E402
-from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue  # noqa: E402
-from queue_core.plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame,  # noqa: E402
+from conftest import ROOT
+from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue
+from queue_core.plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame,
                               plot_consumers, plot_metrics, plot_state_machine, plot_timeline,
                               transitions_frame)
 
