@@ -6,7 +6,8 @@
 
 Prints, in order: the crash sweep (every crash point and slow-worker
 schedule against the protocol and the three deliberately broken ones) with
-the outcome of each; which broken protocols the sweep caught and where; how
+the outcome of each, then the crash points again with the crash on a later
+message (the 2nd and 3rd arrival; up to the 5th in a soak); which broken protocols the sweep caught and where; how
 many fuzzed batches were tried, by outcome, with the unhandled exceptions;
 how many stateful programs agreed with the model; and the stress run
 (worker processes x events, crashes, duplicates, losses, money). Exits 1 if
@@ -33,10 +34,12 @@ for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
 
 from queue_core.naive import PROTOCOLS  # noqa: E402
 from queue_core.stress import run_stress  # noqa: E402
-from queue_core.sweep import SweepRow, run_sweep, sweep_frame  # noqa: E402
+from queue_core.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
+
+CRASH_STEPS = tuple(step for step in STEPS if step not in SCHEDULES)
 
 
-def sweep_section(problems: list[str]) -> None:
+def sweep_section(problems: list[str], later_arrivals: int) -> None:
     rows = run_sweep(jobs=2)
     table = sweep_frame(rows)
     print(table.to_string())
@@ -48,6 +51,21 @@ def sweep_section(problems: list[str]) -> None:
         print(f"{name:>20}: {crashes} crash points + {len(mine) - crashes} schedules tried; "
               + ", ".join(f"{n} {o}" for o, n in counts.most_common()))
         _judge(proto.broken, [r for r in mine if r.failed], name, problems)
+    for arrival in range(2, later_arrivals + 1):
+        later_section(arrival, problems)
+
+
+def later_section(arrival: int, problems: list[str]) -> None:
+    """The same crash points, hit on a later message (retries, permanent failures)."""
+    rows = [r for r in run_sweep(jobs=2, crash_after=arrival, steps=CRASH_STEPS)
+            if r.outcome != "n/a"]
+    for name, proto in PROTOCOLS.items():
+        mine = [r for r in rows if r.protocol == name]
+        failed = [f"{r.outcome} at {r.step}" for r in mine if r.failed]
+        print(f"crash at arrival {arrival}, {name}: {len(mine)} points reached; "
+              + ("; ".join(failed) if failed else "all ok"))
+        if not proto.broken:
+            problems.extend(f"{name} (arrival {arrival}): {text}" for text in failed)
 
 
 def _judge(broken: bool, failed: list[SweepRow], name: str, problems: list[str]) -> None:
@@ -115,10 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     soak = os.environ.get("SOAK") == "1" or os.environ.get("QUEUE_SOAK") == "1"
     fuzz, programs = (20_000, 1000) if soak else (100, 10) if args.quick else (1000, 50)
+    later_arrivals = 5 if soak else 1 if args.quick else 3
     stress = ([(8, 5000, seed) for seed in range(3)] if soak
               else [(4, 300, 0)] if args.quick else [(4, 1000, 0)])
     problems: list[str] = []
-    timed("crash sweep (outcome per step and protocol)", lambda: sweep_section(problems))
+    timed("crash sweep (outcome per step and protocol)",
+          lambda: sweep_section(problems, later_arrivals))
     timed("fuzzed input", lambda: fuzz_section(fuzz, problems))
     timed("stateful model", lambda: model_section(programs, problems))
     timed("stress", lambda: stress_section(stress, problems))

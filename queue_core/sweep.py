@@ -94,18 +94,22 @@ def current_handler() -> Handler:
 
 
 def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] = STEPS, *,
-              workdir: str | os.PathLike[str] | None = None, jobs: int = 2) -> list[SweepRow]:
+              workdir: str | os.PathLike[str] | None = None, jobs: int = 2,
+              crash_after: int = 1) -> list[SweepRow]:
     """Run every step against every protocol; one ``SweepRow`` each, in order.
 
     A step a protocol never passes through is ``n/a`` without running.
     ``jobs`` crash cases run their worker processes at the same time (each
-    case has its own database file).
+    case has its own database file). ``crash_after`` picks which arrival at
+    the point kills the worker: 1 is the first message; above 1 the crash
+    lands on later messages (a retry, a permanent failure), and a point
+    reached fewer times is ``n/a``.
     """
     with tempfile.TemporaryDirectory(prefix="sweep-", dir=workdir) as tmp:
         cases = [(PROTOCOLS[name], step) for name in protocols for step in steps]
         results: dict[tuple[str, str], SweepRow] = {}
         crashes = [(p, s) for p, s in cases if s in p.points]
-        for row in _crash_cases(crashes, Path(tmp), max(1, jobs)):
+        for row in _crash_cases(crashes, Path(tmp), max(1, jobs), crash_after):
             results[row.protocol, row.step] = row
         for proto, step in cases:
             if step in SCHEDULES:
@@ -129,23 +133,27 @@ def _fresh(tmp: Path, proto: Protocol, step: str) -> Path:
     return db
 
 
-def _crash_cases(cases: Sequence[tuple[Protocol, str]], tmp: Path,
-                 jobs: int) -> Iterator[SweepRow]:
+def _crash_cases(cases: Sequence[tuple[Protocol, str]], tmp: Path, jobs: int,
+                 crash_after: int) -> Iterator[SweepRow]:
     """Keep ``jobs`` armed workers running; audit each as soon as it has died."""
     running: deque[tuple[Protocol, str, Path, subprocess.Popen[str]]] = deque()
     for proto, step in cases:
         db = _fresh(tmp, proto, step)
         running.append((proto, step, db, run_child(
             db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode="drain",
-            accept=ACCEPT, protocol=proto.name, faults=FAULTS, wait=False)))  # type: ignore[arg-type]
+            accept=ACCEPT, protocol=proto.name, faults=FAULTS, crash_after=crash_after,
+            wait=False)))  # type: ignore[arg-type]
         if len(running) >= jobs:
-            yield _recover(*running.popleft())
+            yield _recover(*running.popleft(), crash_after)
     while running:
-        yield _recover(*running.popleft())
+        yield _recover(*running.popleft(), crash_after)
 
 
-def _recover(proto: Protocol, step: str, db: Path, proc: subprocess.Popen[str]) -> SweepRow:
+def _recover(proto: Protocol, step: str, db: Path, proc: subprocess.Popen[str],
+             crash_after: int) -> SweepRow:
     if not collect(proc).crashed:
+        if crash_after > 1:
+            return SweepRow(proto.name, step, "n/a", 0, f"reached fewer than {crash_after} times")
         return SweepRow(proto.name, step, "not reached", 0, "the worker never got there")
     clock = ModelClock(START)
     finished = run_to_completion(_queue(db, clock), clock, current_handler(), proto)
@@ -175,7 +183,8 @@ def _stale_case(proto: Protocol, step: str, db: Path) -> SweepRow:
     handler = current_handler()
     old_version = Handler() if step == "stale.fail" else handler
     stale_lease = slow.claim()
-    assert stale_lease is not None and stale_lease.event_id == "E0001"
+    if stale_lease is None or stale_lease.event_id != "E0001":
+        raise RuntimeError(f"the slow worker should hold E0001, got {stale_lease}")
     drain(other, handler, proto)
     clock.set(stale_lease.lease_until)  # the slow worker's lease has just expired
     current = _claim_event(other, "E0001", handler, proto)
