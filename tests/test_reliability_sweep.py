@@ -144,3 +144,17 @@ def test_importing_the_sweep_does_not_import_pandas_or_matplotlib():
             "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_crash_on_a_later_message_is_recovered_too_and_an_unreached_arrival_is_not_applicable(
+        tmp_path: Path):
+    rows = run_sweep(protocols=["protocol", "write then mark"], workdir=tmp_path,
+                     steps=["complete.before_commit", "fail.before_commit"], crash_after=2)
+    assert [(r.protocol, r.step, r.outcome, r.total) for r in rows] == [
+        ("protocol", "complete.before_commit", "ok", 20000),  # killed while ACKing E0002
+        ("protocol", "fail.before_commit", "ok", 20000),  # killed failing E0005 for good
+        ("write then mark", "complete.before_commit", "doubled money", 30000),  # E0002 twice
+        ("write then mark", "fail.before_commit", "ok", 20000)]
+    third = run_sweep(protocols=["protocol"], steps=["fail.before_commit"], crash_after=3,
+                      workdir=tmp_path)
+    assert [(r.outcome, r.detail) for r in third] == [("n/a", "reached fewer than 3 times")]
