@@ -1,14 +1,15 @@
 """Throughput of queue_core against the SQLite commit limit, measured in one run.
 
-    python benchmarks/bench.py            # make bench: the full run, 1-2 minutes
+    python benchmarks/bench.py            # make bench: the full run, 1 to 3 minutes
     python benchmarks/bench.py --quick    # a small run (the notebook uses it)
 
 The disk under this machine switches between fsync regimes that differ about
 tenfold for tens of seconds, so an absolute rate means little and two rates
 from different minutes mean nothing. Every case therefore runs in short
 slices, round-robin, in one process tree, on one file system, with the same
-pragmas (WAL, ``synchronous=FULL``); each figure is the median of its
-slices, and only ratios between figures of this run are compared to targets.
+pragmas (WAL, ``synchronous=FULL``), and each slice is divided by the rate
+of raw commits measured just before and just after it. Each figure is the
+median of its slices; only ratios from this run are compared to targets.
 
 Cases: the limit (a raw single-row ``BEGIN IMMEDIATE ... COMMIT``);
 end to end (enqueue, claim, complete) per message with 1 and 2 real worker
@@ -23,28 +24,23 @@ check makes the exit code 1; a ratio below its target is printed as such.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sqlite3
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to us
-    sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # the cases live next to this file
+    sys.path.insert(0, str(HERE))
 
-from queue_core import Handler, Queue, drain, process_one  # noqa: E402
-from queue_core.storage import connect  # noqa: E402
+from bench_cases import (ROOT, Case, CheckFailed, EndToEnd, QueueSize, RawCommits,  # noqa: E402
+                         Slice, Worker)
 
-CATEGORIES = ("book", "pen", "bag")
-IDS_PER_FILE = 10_000  # E0000..E9999: the event id shape allows no more
 TARGETS = {  # name: (numerator, denominator, minimum ratio); "size_max" is the largest queue
     "single vs raw commit": ("single", "raw", 0.45),
     "K=100 vs single": ("batch_100", "single", 10.0),
@@ -52,292 +48,6 @@ TARGETS = {  # name: (numerator, denominator, minimum ratio); "size_max" is the 
     "2 workers vs 1": ("two_workers", "single", 0.8),
 }
 MEMORY_LIMIT_MB = 150.0
-
-
-def amount_of(i: int) -> int:
-    """The payload amount of the i-th generated event (known, so money can be checked)."""
-    return 100 + i % 900
-
-
-def payload_of(i: int) -> str:
-    return json.dumps({"amount_cents": amount_of(i), "category": CATEGORIES[i % 3]})
-
-
-# -- the worker process -------------------------------------------------------
-
-def worker_main() -> None:
-    """Serve commands from stdin, one JSON object a line, one reply a line.
-
-    A long-lived process, so that a slice measures processing, not Python
-    start-up. ``drain``: ``worker.drain`` with ``batch_size=k`` (k=1 is the
-    single-message path); ``batch``: ``claim_batch(k)`` + ``complete_batch``
-    until nothing is due; ``take``: ``n`` single-message claims and ACKs.
-    """
-    queues: dict[tuple[str, str], Queue] = {}
-    handler = Handler()
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        key = (cmd.get("db", ""), cmd.get("sync", "FULL"))
-        if cmd["op"] == "open":
-            queues[key] = Queue(key[0], synchronous=key[1])
-            reply: dict[str, Any] = {}
-        elif cmd["op"] == "rss":
-            reply = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-        else:
-            reply = {"kinds": _work(queues[key], handler, cmd)}
-        print(json.dumps(reply), flush=True)
-
-
-def _work(queue: Queue, handler: Handler, cmd: dict[str, Any]) -> dict[str, int]:
-    kinds: dict[str, int] = {}
-    if cmd["op"] == "drain":
-        for outcome in drain(queue, handler, batch_size=cmd["k"]):
-            kinds[outcome.kind] = kinds.get(outcome.kind, 0) + 1
-    elif cmd["op"] == "batch":
-        with queue.session():
-            while leases := queue.claim_batch(cmd["k"]):
-                for result in queue.complete_batch(leases, handler):
-                    kind = type(result).__name__
-                    kinds[kind] = kinds.get(kind, 0) + 1
-    else:
-        with queue.session():
-            for _ in range(cmd["n"]):
-                outcome = process_one(queue, handler)
-                kind = "nothing_due" if outcome is None else outcome.kind
-                kinds[kind] = kinds.get(kind, 0) + 1
-    return {"done" if kind == "Effect" else kind: n for kind, n in kinds.items()}
-
-
-class Worker:
-    """A worker process of this file, driven through its stdin and stdout."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-    def send(self, **cmd: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def reply(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker process ended with {self.proc.wait()}")
-        return dict(json.loads(line))
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
-# -- checks -------------------------------------------------------------------
-
-class CheckFailed(Exception):
-    """The database does not show exactly one effect per done event."""
-
-
-def check_exactly_once(db: Path, done: int, money: int, ready: int = 0) -> None:
-    """Raise ``CheckFailed`` unless states, effects, journal and money agree."""
-    conn = sqlite3.connect(db)
-    try:
-        states = dict(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
-        effects, total = conn.execute("SELECT count(*), coalesce(sum(amount_cents), 0) "
-                                      "FROM effects").fetchone()
-        orphans = conn.execute("SELECT count(*) FROM effects JOIN messages USING (event_id) "
-                               "WHERE state <> 'done'").fetchone()[0]
-        paid = conn.execute("SELECT coalesce(sum(json_extract(payload, '$.amount_cents')), 0) "
-                            "FROM messages WHERE state = 'done'").fetchone()[0]
-        acks = conn.execute("SELECT count(*) FROM transitions WHERE reason = 'completed'"
-                            ).fetchone()[0]
-    finally:
-        conn.close()
-    found = (states.get("done", 0), states.get("ready", 0), effects, orphans, total, paid, acks)
-    wanted = (done, ready, done, 0, money, money, done)
-    if found != wanted or set(states) - {"done", "ready"}:
-        raise CheckFailed(f"{db.name}: (done, ready, effects, orphan effects, money, paid, "
-                          f"ACKs) = {found}, expected {wanted}; states {states}")
-
-
-# -- cases --------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Slice:
-    """One measured slice: messages, seconds to claim and complete them, and
-    seconds including their enqueue (equal when nothing is enqueued)."""
-
-    messages: int
-    consume_s: float
-    total_s: float
-
-
-@dataclass
-class Case:
-    """One measured configuration and its slices.
-
-    ``relative`` holds each slice's consume rate divided by the raw commit
-    rate measured just before and just after it, which cancels most of the
-    drift of the disk between slices of different cases.
-    """
-
-    name: str
-    label: str
-    slices: list[Slice] = field(default_factory=list)
-    relative: list[float] = field(default_factory=list)
-
-    def slice(self) -> Slice:
-        raise NotImplementedError
-
-    def rate(self) -> float:
-        return statistics.median(s.messages / s.consume_s for s in self.slices)
-
-    def end_to_end(self) -> float:
-        return statistics.median(s.messages / s.total_s for s in self.slices)
-
-    def vs_raw(self) -> float:
-        return statistics.median(self.relative)
-
-
-class RawCommits(Case):
-    """The limit: one single-row INSERT per ``BEGIN IMMEDIATE ... COMMIT``."""
-
-    def __init__(self, workdir: Path, n: int) -> None:
-        super().__init__("raw", "raw single-row commit (the limit)")
-        self.conn = connect(workdir / "raw.sqlite3")  # the pragmas the queue uses
-        self.conn.execute("PRAGMA journal_mode = WAL")
-        self.conn.execute("CREATE TABLE raw (id INTEGER PRIMARY KEY, payload TEXT NOT NULL) STRICT")
-        self.n = n
-
-    def slice(self) -> Slice:
-        conn, text = self.conn, payload_of(0)
-        start = time.perf_counter()
-        for _ in range(self.n):
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO raw (payload) VALUES (?)", (text,))
-            conn.execute("COMMIT")
-        elapsed = time.perf_counter() - start
-        return Slice(self.n, elapsed, elapsed)
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-class EndToEnd(Case):
-    """Enqueue a JSONL batch, then worker processes claim and complete it all."""
-
-    def __init__(self, name: str, label: str, workdir: Path, n: int, *, op: str,
-                 workers: list[Worker], k: int = 1, sync: str = "FULL") -> None:
-        super().__init__(name, label)
-        self.workdir, self.n, self.op, self.k, self.sync = workdir, n, op, k, sync
-        self.workers = workers
-        self.files = 0
-        self._new_file()
-
-    def _new_file(self) -> None:
-        self.files += 1
-        self.db = self.workdir / f"{self.name}-{self.files}.sqlite3"
-        self.queue = Queue(self.db, synchronous=self.sync)
-        self.next_id, self.money = 0, 0
-        for worker in self.workers:
-            worker.send(op="open", db=str(self.db), sync=self.sync)
-            worker.reply()
-
-    def slice(self) -> Slice:
-        if self.next_id + self.n > IDS_PER_FILE:
-            self._new_file()
-        ids = range(self.next_id, self.next_id + self.n)
-        texts = ["\n".join(json.dumps({"event_id": f"E{i:04d}", "payload": json.loads(
-            payload_of(i))}) for i in ids[start:start + 1000]) for start in range(0, self.n, 1000)]
-        start = time.perf_counter()
-        for text in texts:
-            self.queue.enqueue_jsonl(text)
-        enqueued = time.perf_counter()
-        for worker in self.workers:
-            worker.send(op=self.op, db=str(self.db), sync=self.sync, k=self.k)
-        replies = [worker.reply()["kinds"] for worker in self.workers]
-        end = time.perf_counter()
-        self.next_id += self.n
-        self.money += sum(amount_of(i) for i in ids)
-        done = sum(reply.get("done", 0) for reply in replies)
-        if done != self.n or any(set(reply) - {"done"} for reply in replies):
-            raise CheckFailed(f"{self.name}: workers reported {replies} for {self.n} messages")
-        check_exactly_once(self.db, self.next_id, self.money)
-        return Slice(self.n, end - enqueued, end - start)
-
-
-class QueueSize(Case):
-    """Consume a fixed slice, one message per claim and ACK, from a queue kept at ``size``.
-
-    ``size`` may exceed the 10,000 ids that ``E`` + four digits allow, so the
-    fill (not measured) writes ids of six digits with the id-shape CHECK off
-    on the filling connection only; the fill writes what ``enqueue`` writes
-    (the row and its journal entry). Claim and complete run unchanged: no
-    other constraint is switched off, and none of them reads the id's shape.
-    """
-
-    def __init__(self, workdir: Path, size: int, n: int, worker: Worker) -> None:
-        super().__init__(f"size_{size}", f"single message, {size:,} queued")
-        self.db, self.size, self.n = workdir / f"size-{size}.sqlite3", size, n
-        Queue(self.db)
-        self.next_id = self.consumed = self.money = 0
-        self._fill(size)
-        self.worker = worker
-        self.worker.send(op="open", db=str(self.db), sync="FULL")
-        self.worker.reply()
-
-    def _fill(self, count: int) -> None:
-        ids = range(self.next_id, self.next_id + count)
-        conn = connect(self.db)
-        try:
-            conn.execute("PRAGMA ignore_check_constraints = ON")
-            conn.execute("BEGIN IMMEDIATE")
-            due = int(time.time()) - 1
-            conn.executemany("INSERT INTO messages (event_id, payload, available_at) "
-                             "VALUES (?, ?, ?)", ((f"E{i:06d}", payload_of(i), due) for i in ids))
-            conn.executemany("INSERT INTO transitions (at, event_id, from_state, to_state, "
-                             "generation, attempts, reason) VALUES (?, ?, NULL, 'ready', 0, 0, "
-                             "'enqueued')", ((due, f"E{i:06d}") for i in ids))
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        self.next_id += count
-
-    def slice(self) -> Slice:
-        if self.consumed:
-            self._fill(self.n)  # back to ``size`` queued before each measured slice
-        start = time.perf_counter()
-        self.worker.send(op="take", db=str(self.db), sync="FULL", n=self.n)
-        kinds = self.worker.reply()["kinds"]
-        elapsed = time.perf_counter() - start
-        # FIFO by (available_at, event_id): the slice took the oldest ids
-        first = self.consumed
-        self.consumed += self.n
-        self.money += sum(amount_of(i) for i in range(first, self.consumed))
-        if kinds != {"done": self.n}:
-            raise CheckFailed(f"{self.name}: worker reported {kinds} for {self.n} messages")
-        check_exactly_once(self.db, self.consumed, self.money, ready=self.size - self.n)
-        return Slice(self.n, elapsed, elapsed)
-
-    def peak_rss_after_draining(self) -> tuple[int, float]:
-        """Drain everything queued (K=100) in a new worker process; return the
-        messages this queue has had and the peak RSS of that process."""
-        self.worker = Worker()
-        self.worker.send(op="open", db=str(self.db), sync="FULL")
-        self.worker.reply()
-        left = self.next_id - self.consumed
-        self.worker.send(op="drain", db=str(self.db), sync="FULL", k=100)
-        kinds = self.worker.reply()["kinds"]
-        self.money += sum(amount_of(i) for i in range(self.consumed, self.next_id))
-        self.consumed = self.next_id
-        if kinds != {"done": left}:
-            raise CheckFailed(f"{self.name}: drain reported {kinds} for {left} messages")
-        check_exactly_once(self.db, self.consumed, self.money)
-        self.worker.send(op="rss")
-        rss = float(self.worker.reply()["rss_mb"])
-        self.worker.close()
-        return self.consumed, rss
 
 
 # -- the run ------------------------------------------------------------------
@@ -356,9 +66,9 @@ class Plan:
     full: bool  # also 2 workers, single-message drain, NORMAL, and the memory check
 
 
-FULL = Plan(rounds=12, budget_s=150.0, raw=40, single=100, k10=400, k100=2000,
+FULL = Plan(rounds=12, budget_s=120.0, raw=40, single=100, k10=400, k100=2000,
             sizes=(1_000, 10_000, 100_000), full=True)
-QUICK = Plan(rounds=4, budget_s=1.5, raw=10, single=15, k10=80, k100=300,
+QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
              sizes=(1_000, 10_000), full=False)
 
 
@@ -424,7 +134,8 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None) -> dict[s
                 largest = max((c for c in cases if isinstance(c, QueueSize)), key=lambda c: c.size)
                 memory = largest.peak_rss_after_draining()
         finally:
-            raw.close()
+            for case in (raw, *cases):
+                case.close()
             for worker in pool:
                 worker.close()
     return summarise(raw, cases, memory)
@@ -449,6 +160,7 @@ def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None) ->
         "rates": {case.name: case.rate() for case in every},
         "end_to_end": {case.name: case.end_to_end() for case in every},
         "vs_raw": vs_raw,
+        "samples": {case.name: list(case.relative) for case in cases},
         "labels": {case.name: case.label for case in every},
         "sizes": {case.size: case.name for case in cases if isinstance(case, QueueSize)},
         "ratios": ratios,
@@ -495,11 +207,7 @@ def report(results: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small run (a few seconds)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        worker_main()
-        return 0
     try:
         results = run(quick=args.quick, log=lambda text: print(text, file=sys.stderr))
     except CheckFailed as exc:
