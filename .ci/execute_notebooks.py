@@ -3,8 +3,9 @@
 
 Each notebook runs on a fresh ``python3`` kernel with its own folder as the
 working directory (as in JupyterLab and nbval), so ``../data/...`` resolves.
-Timing metadata is neither recorded nor kept, so execution counts run 1..N
-and a re-run changes only what really changed. Prints seconds per notebook.
+Timing metadata is neither recorded nor kept, and printed chunks are joined,
+so execution counts run 1..N and a re-run changes only what really changed.
+Prints seconds per notebook.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
@@ -34,10 +36,31 @@ def execute(path: Path) -> float:
                    record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - started
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs = coalesce_streams(cell.outputs)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                        "language": "python"}
     nbformat.write(notebook, path)
     return seconds
+
+
+def coalesce_streams(outputs: list[Any]) -> list[Any]:
+    """Join neighbouring stdout (or stderr) chunks into one output.
+
+    How a cell's printing is cut into chunks depends on when the kernel
+    flushed, which varies from run to run; joined, a re-run stores the same
+    outputs (nbval joins them the same way before comparing).
+    """
+    joined: list[Any] = []
+    for output in outputs:
+        previous = joined[-1] if joined else None
+        if (output.output_type == "stream" and previous is not None
+                and previous.output_type == "stream" and previous.name == output.name):
+            previous.text += output.text
+        else:
+            joined.append(output)
+    return joined
 
 
 def main(argv: list[str]) -> int:
