@@ -1,9 +1,10 @@
 """Many real worker processes, random transient faults, random crashes.
 
 ``run_stress`` enqueues a batch, then plays rounds on the model clock: each
-round starts ``workers`` child processes at the same model second, some of
-them armed to die by ``os._exit`` at a random crash point, all draining the
-queue at once under ``BEGIN IMMEDIATE``. Crashed workers are replaced in the
+round starts ``workers`` child processes at the same model second, most of
+them armed to die by ``os._exit`` at a random crash point (at their 1st to
+25th arrival there), released together through a starting gate, all draining
+the queue at once under ``BEGIN IMMEDIATE``. Crashed workers are replaced in the
 next round; the clock moves to the next due time so that abandoned leases
 expire. At the end every event must be ``done`` or ``dead`` (with a reason),
 each ``done`` event must have exactly one effect, no event may be reported
@@ -18,6 +19,7 @@ import random
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable
 
 from .crashpoints import POINTS
@@ -118,7 +120,7 @@ def stress_batch(events: int, seed: int) -> tuple[str, dict[str, int]]:
 def run_stress(workdir: str | os.PathLike[str], *, events: int = 1000, workers: int = 4,
                crash_rate: float = 0.9, fault_rate: float = 0.2, seed: int = 0) -> StressReport:
     """Run the stress scenario in ``workdir``; see the module docstring."""
-    from .child import collect, run_child  # child imports this module lazily too
+    from .child import collect, open_gate, run_child  # child imports this module lazily too
     from .clock import ModelClock
     from .queue import Queue
 
@@ -135,11 +137,14 @@ def run_stress(workdir: str | os.PathLike[str], *, events: int = 1000, workers: 
     rounds = processes = crashes = 0
     while _pending(db) and rounds < MAX_ROUNDS:
         rounds += 1
+        gate = Path(workdir) / f"gate-{rounds}"  # all workers of a round start together
+        gate.mkdir()
         procs = [run_child(db, now=clock.now(), lease_seconds=LEASE_SECONDS, mode="drain",
                            crash_at=rng.choice(REAL_POINTS) if rng.random() < crash_rate else None,
                            crash_after=rng.randint(1, MAX_CRASH_AFTER),
-                           faults={"rate": fault_rate, "seed": seed}, wait=False)
+                           faults={"rate": fault_rate, "seed": seed}, gate=gate, wait=False)
                  for _ in range(workers)]
+        open_gate(gate, workers)
         for proc in procs:
             result = collect(proc)  # type: ignore[arg-type]
             crashes += result.crashed
