@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smaller run")
     args = parser.parse_args(argv)
     soak = os.environ.get("SOAK") == "1" or os.environ.get("QUEUE_SOAK") == "1"
-    fuzz, programs = (20_000, 1000) if soak else (100, 10) if args.quick else (1000, 50)
+    fuzz, programs = (10_000, 1000) if soak else (100, 10) if args.quick else (1000, 50)
     later_arrivals = 5 if soak else 1 if args.quick else 3
     stress = ([(8, 5000, seed) for seed in range(3)] if soak
               else [(4, 300, 0)] if args.quick else [(4, 1000, 0)])
