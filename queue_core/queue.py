@@ -363,8 +363,7 @@ class Queue:
     def status(self) -> Status:
         """Counts per state, effects and money, as stored; recovers nothing."""
         with self._connection() as conn:
-            states = {state.value: 0 for state in State}
-            states.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
+            states = _state_counts(conn)
             totals = dict(conn.execute("SELECT category, sum(amount_cents) FROM effects "
                                        "GROUP BY category ORDER BY category"))
             effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
@@ -375,8 +374,7 @@ class Queue:
         recovered, and the attempts each dead message spent; recovers nothing."""
         now = self.clock.now()
         with self._connection() as conn:
-            depth = {state.value: 0 for state in State}
-            depth.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
+            depth = _state_counts(conn)
             oldest = conn.execute("SELECT min(available_at) FROM messages "
                                   "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
             expired = conn.execute("SELECT count(*) FROM messages "
@@ -415,6 +413,12 @@ class Queue:
             rows = conn.execute(query, (event_id, event_id)).fetchall()
         return [Transition(seq, at, eid, State(src) if src else None, State(dst), gen, att, why)
                 for seq, at, eid, src, dst, gen, att, why in rows]
+
+
+def _state_counts(conn: sqlite3.Connection) -> dict[str, int]:
+    counts = {state.value: 0 for state in State}
+    counts.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
+    return counts
 
 
 def _stored_payloads(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str, str]:
