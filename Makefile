@@ -25,8 +25,11 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import matplotlib.pyplot"  # build the font cache before any notebook runs
 	touch $(STAMP)
 
+# JupyterLab refuses to start as root unless told; containers often run as root.
+AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 course: $(STAMP)
-	$(PY) -m jupyter lab notebooks/00_overview.ipynb
+	$(PY) -m jupyter lab $(AS_ROOT) notebooks/00_overview.ipynb
 
 test: unit nbval
 
