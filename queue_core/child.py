@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .clock import ModelClock, SystemClock
 from .crashpoints import CRASH_EXIT_CODE, arm
@@ -106,6 +106,15 @@ def collect(proc: subprocess.Popen[str]) -> ChildResult:
     if proc.returncode not in (0, CRASH_EXIT_CODE):
         raise RuntimeError(f"worker process exited with {proc.returncode}: {err.strip()}")
     return ChildResult(proc.returncode, tuple(_outcome(line) for line in out.splitlines()))
+
+
+def reap(procs: Iterable[subprocess.Popen[str]]) -> None:
+    """Kill and wait for every child not yet collected, so that none outlives
+    an error in the parent (and keeps writing to a folder about to be removed)."""
+    for proc in procs:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _outcome(line: str) -> Outcome:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-from .child import collect, run_child
+from .child import collect, reap, run_child
 from .clock import ModelClock
 from .handler import Handler
 from .naive import PROTOCOLS, Protocol, create_ledger, drain, finish
@@ -68,8 +68,6 @@ STEPS = (
     "stale.ack", "stale.fail",
 )
 SCHEDULES = ("stale.ack", "stale.fail")
-OUTCOMES = ("ok", "lost money", "doubled money", "stuck", "stale ACK accepted",
-            "not reached", "n/a")
 MAX_ROUNDS = 30
 
 
@@ -137,16 +135,19 @@ def _crash_cases(cases: Sequence[tuple[Protocol, str]], tmp: Path, jobs: int,
                  crash_after: int) -> Iterator[SweepRow]:
     """Keep ``jobs`` armed workers running; audit each as soon as it has died."""
     running: deque[tuple[Protocol, str, Path, subprocess.Popen[str]]] = deque()
-    for proto, step in cases:
-        db = _fresh(tmp, proto, step)
-        running.append((proto, step, db, run_child(
-            db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode="drain",
-            accept=ACCEPT, protocol=proto.name, faults=FAULTS, crash_after=crash_after,
-            wait=False)))  # type: ignore[arg-type]
-        if len(running) >= jobs:
+    try:
+        for proto, step in cases:
+            db = _fresh(tmp, proto, step)
+            running.append((proto, step, db, run_child(
+                db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode="drain",
+                accept=ACCEPT, protocol=proto.name, faults=FAULTS, crash_after=crash_after,
+                wait=False)))  # type: ignore[arg-type]
+            if len(running) >= jobs:
+                yield _recover(*running.popleft(), crash_after)
+        while running:
             yield _recover(*running.popleft(), crash_after)
-    while running:
-        yield _recover(*running.popleft(), crash_after)
+    finally:
+        reap(proc for *_, proc in running)
 
 
 def _recover(proto: Protocol, step: str, db: Path, proc: subprocess.Popen[str],
