@@ -11,6 +11,8 @@ from typing import Protocol
 
 
 class Clock(Protocol):
+    """Anything with ``now()`` in integer seconds: the queue's only source of time."""
+
     def now(self) -> int: ...
 
 

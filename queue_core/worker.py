@@ -15,8 +15,10 @@ from .values import Effect, Lease, Outcome
 
 
 def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
-    """Complete one lease; route an invalid payload to ``dead`` and a transient
-    error to a retry. A lost lease is reported, never retried by this worker."""
+    """Complete one lease, or route its failure: invalid payload dead, transient retried.
+
+    A lost lease is reported as ``lost``, never retried by this worker.
+    """
     try:
         effect = queue.complete(lease, handler)
     except InvalidPayload as exc:
