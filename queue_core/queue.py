@@ -377,8 +377,7 @@ class Queue:
             depth = _state_counts(conn)
             oldest = conn.execute("SELECT min(available_at) FROM messages "
                                   "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
-            expired = conn.execute("SELECT count(*) FROM messages "
-                                   "WHERE state = 'leased' AND lease_until <= ?", (now,)).fetchone()[0]
+            expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED_SELECT})", (now,)).fetchone()[0]
             dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
                                      "WHERE state = 'dead' ORDER BY event_id"))
         return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead)
