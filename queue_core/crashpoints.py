@@ -14,8 +14,9 @@ Crash points, in the order a message meets them:
 ``claim.after_commit``         claim committed, lease not yet returned
 ``complete.after_begin``       ACK transaction open, nothing checked
 ``complete.after_insert``      effect INSERTed, lease not re-checked
-``complete.after_recheck``     lease re-checked, ``done`` not written
-``complete.before_commit``     ``done`` UPDATE written, not committed
+``complete.after_recheck``     lease re-checked after the INSERT (by the
+                               guarded ``done`` UPDATE), not committed
+``complete.before_commit``     ``done`` and its journal row written, not committed
 ``complete.after_commit``      ACK committed, worker not yet told
 ``fail.after_begin``           failure transaction open, nothing checked
 ``fail.before_commit``         ``ready``/``dead`` written, not committed

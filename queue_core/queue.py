@@ -44,6 +44,18 @@ CLAIM_SELECT = ("SELECT event_id FROM messages WHERE state = 'ready' AND availab
                 "ORDER BY available_at, event_id LIMIT ?")
 EXPIRED_SELECT = ("SELECT event_id, attempts, generation FROM messages "
                   "WHERE state = 'leased' AND lease_until <= ?")
+# The claim's write and the ACK's guarded write find their rows by primary key.
+# LEASE_UPDATE takes one "?" per chosen event id in place of {marks}; ACK_UPDATE
+# re-checks the lease (state, generation, deadline) as it marks the row done.
+LEASE_UPDATE = ("UPDATE messages SET state = 'leased', attempts = attempts + 1, "
+                "generation = generation + 1, lease_until = ? WHERE state = 'ready' "
+                "AND event_id IN ({marks}) RETURNING event_id, generation, attempts, lease_until")
+ACK_UPDATE = ("UPDATE messages SET state = 'done', lease_until = NULL WHERE event_id = ? "
+              "AND state = 'leased' AND generation = ? AND lease_until > ?")
+_JOURNAL_INSERT = ("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
+                   "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?)")
+_FENCE_COLUMNS = "state, generation, lease_until, payload"
+_FENCE_SELECT = f"SELECT {_FENCE_COLUMNS} FROM messages WHERE event_id = ?"
 
 
 def backoff_seconds(attempt: int) -> int:
@@ -178,22 +190,23 @@ class Queue:
             self._recover_expired(conn, now)
             chosen = [row[0] for row in conn.execute(CLAIM_SELECT, (now, limit))]
             crash_point("claim.after_select")
-            leases = [self._lease(conn, event_id, now) for event_id in chosen]
+            leases = self._lease(conn, chosen, now)
             _journal(conn, [(now, lease.event_id, State.READY, State.LEASED, lease.generation,
                              lease.attempt, "claimed") for lease in leases])
             crash_point("claim.before_commit")
         crash_point("claim.after_commit")
         return leases
 
-    def _lease(self, conn: sqlite3.Connection, event_id: str, now: int) -> Lease:
-        row = conn.execute(
-            "UPDATE messages SET state = 'leased', attempts = attempts + 1, "
-            "generation = generation + 1, lease_until = ? "
-            "WHERE event_id = ? AND state = 'ready' "
-            "RETURNING generation, attempts, lease_until",
-            (now + self.lease_seconds, event_id)).fetchone()
-        generation, attempts, lease_until = row
-        return Lease(event_id, generation, attempts, lease_until)
+    def _lease(self, conn: sqlite3.Connection, chosen: list[str], now: int) -> list[Lease]:
+        """Lease the ``chosen`` ready messages with one UPDATE; in ``chosen`` order
+        (RETURNING promises no order)."""
+        leased: dict[str, Lease] = {}
+        for start in range(0, len(chosen), _CHUNK):
+            chunk = chosen[start:start + _CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            leased.update((row[0], Lease(*row)) for row in conn.execute(
+                LEASE_UPDATE.format(marks=marks), (now + self.lease_seconds, *chunk)))
+        return [leased[event_id] for event_id in chosen]
 
     def _recover_expired(self, conn: sqlite3.Connection, now: int) -> None:
         expired = conn.execute(EXPIRED_SELECT, (now,)).fetchall()
@@ -216,15 +229,17 @@ class Queue:
         """Write the effect and the ACK in ONE transaction, fenced by the lease.
 
         Checks state, generation and ``lease_until > now``; INSERTs the
-        effect computed from the payload read from the database; checks the
-        lease again; marks ``done``; commits. Raises ``LeaseLost``
-        (``stale_generation``, ``lease_expired``, ``not_leased``) or
-        ``InvalidPayload``; either way the whole transaction, INSERT
-        included, is rolled back.
+        effect computed from the payload read from the database; marks
+        ``done`` with an UPDATE guarded by the same three conditions, which
+        re-checks the lease after the handler ran; commits. Raises
+        ``LeaseLost`` (``stale_generation``, ``lease_expired``,
+        ``not_leased``) or ``InvalidPayload``; either way the whole
+        transaction, INSERT included, is rolled back.
         """
         with self._tx() as conn:
             crash_point("complete.after_begin")
-            effect, journal_row = self._ack(conn, lease, handler)
+            row = conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone()
+            effect, journal_row = self._ack(conn, lease, row, handler)
             _journal(conn, [journal_row])
             crash_point("complete.before_commit")
         crash_point("complete.after_commit")
@@ -234,7 +249,8 @@ class Queue:
                        handler: Handler) -> list[Effect | QueueError]:
         """ACK many leases in one transaction, each fenced on its own.
 
-        Each lease runs in a savepoint: one that fails its checks (or whose
+        The stored rows of all leases are read with one SELECT. Each lease
+        then runs in a savepoint: one that fails its checks (or whose
         payload is invalid) is rolled back alone and reported as its error,
         in input order; the others commit together.
         """
@@ -242,10 +258,16 @@ class Queue:
         journal_rows: list[tuple[Any, ...]] = []
         with self._tx() as conn:
             crash_point("complete.after_begin")
+            stored = _by_event_id(conn, _FENCE_COLUMNS, (lease.event_id for lease in leases))
+            seen: set[str] = set()
             for lease in leases:
+                # A lease listed twice meets its own first ACK: read it again.
+                row = (conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone()
+                       if lease.event_id in seen else stored.get(lease.event_id))
+                seen.add(lease.event_id)
                 conn.execute("SAVEPOINT ack")
                 try:
-                    effect, journal_row = self._ack(conn, lease, handler)
+                    effect, journal_row = self._ack(conn, lease, row, handler)
                 except QueueError as exc:
                     conn.execute("ROLLBACK TO ack")
                     results.append(exc)
@@ -261,32 +283,41 @@ class Queue:
         crash_point("complete.after_commit")
         return results
 
-    def _ack(self, conn: sqlite3.Connection, lease: Lease,
+    def _ack(self, conn: sqlite3.Connection, lease: Lease, row: tuple[Any, ...] | None,
              handler: Handler) -> tuple[Effect, tuple[Any, ...]]:
-        """Fence, apply, re-fence and mark ``done``; return the effect and the
-        journal row, which the caller writes in the same transaction."""
-        payload = self._fenced(conn, lease)
+        """Fence with the stored ``row``, apply, then mark ``done`` with an UPDATE
+        that re-checks the lease; return the effect and the journal row, which
+        the caller writes in the same transaction."""
+        payload = self._check_fence(lease, row, self.clock.now())
         try:
             effect = handler.apply(conn, lease.event_id, json.loads(payload))
         except sqlite3.IntegrityError as exc:
             raise IntegrityViolation(f"{lease.event_id}: {exc}") from exc
         crash_point("complete.after_insert")
-        self._fenced(conn, lease)  # the handler may have outlived the lease
+        # The handler may have outlived the lease: the same three conditions
+        # again, now as the guard of the UPDATE that marks it done.
+        now = self.clock.now()
+        marked = conn.execute(ACK_UPDATE, (lease.event_id, lease.generation, now)).rowcount
+        if marked != 1:
+            self._check_fence(lease, conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone(),
+                              now)
+            raise AssertionError(f"{lease.event_id}: guarded UPDATE matched {marked} rows")
         crash_point("complete.after_recheck")
-        conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
-                     "WHERE event_id = ? AND state = 'leased' AND generation = ?",
-                     (lease.event_id, lease.generation))
-        return effect, (self.clock.now(), lease.event_id, State.LEASED, State.DONE,
+        return effect, (now, lease.event_id, State.LEASED, State.DONE,
                         lease.generation, lease.attempt, "completed")
 
     def _fenced(self, conn: sqlite3.Connection, lease: Lease) -> str:
         """Return the stored payload if ``lease`` still holds the message."""
-        row = conn.execute("SELECT state, generation, lease_until, payload FROM messages "
-                           "WHERE event_id = ?", (lease.event_id,)).fetchone()
+        row = conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone()
+        return self._check_fence(lease, row, self.clock.now())
+
+    @staticmethod
+    def _check_fence(lease: Lease, row: tuple[Any, ...] | None, now: int) -> str:
+        """Return the payload of ``row`` (from ``_FENCE_SELECT``) if ``lease``
+        still holds the message at ``now``; else raise why it does not."""
         if row is None:
             raise UnknownEvent(f"no message {lease.event_id}")
         state, generation, lease_until, payload = row
-        now = self.clock.now()
         if generation != lease.generation:
             raise LeaseLost("stale_generation",
                             f"{lease.event_id}: lease generation {lease.generation}, "
@@ -421,18 +452,27 @@ def _state_counts(conn: sqlite3.Connection) -> dict[str, int]:
 
 
 def _stored_payloads(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str, str]:
-    stored: dict[str, str] = {}
-    for start in range(0, len(event_ids), _CHUNK):
-        chunk = event_ids[start:start + _CHUNK]
+    return {event_id: row[0] for event_id, row in _by_event_id(conn, "payload", event_ids).items()}
+
+
+def _by_event_id(conn: sqlite3.Connection, columns: str,
+                 event_ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    """``columns`` of the stored messages among ``event_ids``: event id -> row."""
+    ids = sorted(set(event_ids))
+    rows: dict[str, tuple[Any, ...]] = {}
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start:start + _CHUNK]
         marks = ", ".join("?" * len(chunk))
-        stored.update(conn.execute(
-            f"SELECT event_id, payload FROM messages WHERE event_id IN ({marks})", chunk))
-    return stored
+        rows.update((row[0], row[1:]) for row in conn.execute(
+            f"SELECT event_id, {columns} FROM messages WHERE event_id IN ({marks})", chunk))
+    return rows
 
 
-def _journal(conn: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
-    conn.executemany("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
-                     "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+def _journal(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    if len(rows) == 1:  # the single-message path: execute is cheaper than executemany
+        conn.execute(_JOURNAL_INSERT, rows[0])
+        return
+    conn.executemany(_JOURNAL_INSERT, rows)
 
 
 def _require_positive(name: str, value: int) -> None:

@@ -51,9 +51,11 @@ CREATE TABLE IF NOT EXISTS effects (
     category     TEXT NOT NULL CONSTRAINT category_named CHECK (length(category) > 0),
     amount_cents INTEGER NOT NULL
                  CONSTRAINT amount_in_range CHECK (amount_cents BETWEEN 1 AND 9999999)
-) STRICT;
+) STRICT, WITHOUT ROWID;  -- the event id IS the key: one b-tree, one page per ACK
 
 -- Journal of state changes, written in the same transaction as each change.
+-- Append-only and read whole (plots, audits); no second index, so each
+-- commit writes one journal page, not two. One event's history is a scan.
 CREATE TABLE IF NOT EXISTS transitions (
     seq        INTEGER PRIMARY KEY,
     at         INTEGER NOT NULL,
@@ -68,7 +70,6 @@ CREATE TABLE IF NOT EXISTS transitions (
     attempts   INTEGER NOT NULL,
     reason     TEXT NOT NULL
 ) STRICT;
-CREATE INDEX IF NOT EXISTS transitions_by_event ON transitions (event_id, seq);
 """
 
 

@@ -82,6 +82,24 @@ def test_claim_batch_leaves_messages_that_are_not_yet_due(
     assert [(lease.event_id, lease.attempt) for lease in queue.claim_batch(10)] == [("E0001", 2)]
 
 
+def test_a_batch_larger_than_one_statement_takes_is_claimed_and_acked_whole_and_in_order(
+        queue: Queue, handler: Handler, db_path: Path) -> None:
+    # 700 ids: more than one IN (...) list holds, so the UPDATE and the
+    # fence read each run in two chunks; the order must not depend on them
+    ids = [f"E{i:04d}" for i in reversed(range(700))]
+    queue.enqueue_jsonl(jsonl(*((event_id, "pen", 1) for event_id in ids)))
+
+    leases = queue.claim_batch(1000)
+    results = queue.complete_batch(list(reversed(leases)), handler)
+
+    assert [lease.event_id for lease in leases] == sorted(ids)
+    assert {(lease.generation, lease.attempt, lease.lease_until) for lease in leases} == \
+        {(1, 1, 1002)}
+    assert results == [Effect("pen", 1)] * 700
+    assert ledger(db_path) == expect(total=700, effects=700, done=700)
+    assert [reason for _, reason, _ in journal(db_path)] == ["claimed"] * 700 + ["completed"] * 700
+
+
 @pytest.mark.parametrize("limit", [0, -1, True, 2.0], ids=["zero", "negative", "bool", "float"])
 def test_a_limit_that_is_not_a_positive_integer_is_refused_before_the_database_is_touched(
         queue: Queue, db_path: Path, limit: Any) -> None:

@@ -5,7 +5,8 @@ scanned or sorted ``messages`` would slow down as history grows. The claim's
 candidate SELECT and its expiry scan are the statements ``queue.py`` runs
 (``CLAIM_SELECT``, ``EXPIRED_SELECT``), explained here as they are, and the
 work SQLite does for them is counted in virtual-machine steps, which do not
-depend on the machine's speed.
+depend on the machine's speed. The claim's and the ACK's UPDATEs find their
+rows by primary key, and the pages each commit writes are counted exactly.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 from observe import expect, ledger
 from queue_core import Handler, ModelClock, Queue, drain
-from queue_core.queue import CLAIM_SELECT, EXPIRED_SELECT
+from queue_core.queue import ACK_UPDATE, CLAIM_SELECT, EXPIRED_SELECT, LEASE_UPDATE
 
 
 def batch(first: int, count: int) -> str:
@@ -61,7 +62,7 @@ def reader(db_path: Path) -> Iterator[sqlite3.Connection]:
     conn.close()
 
 
-def plan(conn: sqlite3.Connection, sql: str, params: tuple[int, ...]) -> list[str]:
+def plan(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> list[str]:
     return [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
 
 
@@ -109,6 +110,20 @@ def test_the_expiry_scan_walks_only_the_leased_index(
     assert steps == ["SEARCH messages USING INDEX messages_leased (lease_until<?)"]
 
 
+@pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "after-ANALYZE"])
+def test_the_claims_and_the_acks_writes_find_their_rows_by_primary_key(
+        db_path: Path, reader: sqlite3.Connection, analyzed: bool) -> None:
+    fill(db_path, ModelClock(1000), done=300, leased=300, ready=300)
+    if analyzed:
+        reader.execute("ANALYZE")
+    by_key = ["SEARCH messages USING INDEX sqlite_autoindex_messages_1 (event_id=?)"]
+
+    for count in (1, 100):
+        sql = LEASE_UPDATE.format(marks=", ".join("?" * count))
+        assert plan(reader, sql, (1030, *(f"E{i:04d}" for i in range(count)))) == by_key
+    assert plan(reader, ACK_UPDATE, ("E0400", 1, 1000)) == by_key
+
+
 def test_the_claims_work_does_not_grow_with_done_rows(tmp_path: Path) -> None:
     small = fill(tmp_path / "small.sqlite3", ModelClock(1000), done=10, leased=10, ready=50)
     large = fill(tmp_path / "large.sqlite3", ModelClock(1000), done=4000, leased=10, ready=50)
@@ -138,3 +153,51 @@ def test_the_claims_work_does_not_grow_with_ready_rows_beyond_its_limit(
             conn.close()
 
     assert counts[0] == counts[1]
+
+
+# -- pages per commit ---------------------------------------------------------
+# At synchronous=FULL each commit appends its changed pages to the -wal file
+# and fsyncs it; on a fast disk the bytes of that write show in the price of
+# the commit. These counts are exact for a given schema, so a change that
+# makes every commit write one more page (an index, a rowid table) fails here.
+
+def wal_frames_of(queue: Queue, step: Callable[[], object]) -> int:
+    """WAL frames (changed pages) that ``step``'s commits append."""
+    conn = sqlite3.connect(queue.path)  # held open: the last close would delete the -wal
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # start from an empty log
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        step()
+        size = Path(queue.path + "-wal").stat().st_size
+    finally:
+        conn.close()
+    header, frame_header = 32, 24
+    assert (size - header) % (frame_header + page_size) == 0
+    return (size - header) // (frame_header + page_size)
+
+
+def test_a_single_message_claim_and_ack_each_write_four_pages(
+        queue: Queue, handler: Handler, db_path: Path) -> None:
+    queue.enqueue_jsonl(batch(0, 50))
+    leases = []
+
+    claim = wal_frames_of(queue, lambda: leases.append(queue.claim()))
+    ack = wal_frames_of(queue, lambda: queue.complete(leases[0], handler))
+
+    # claim: the row, the ready index, the leased index, the journal
+    # ACK: the effect (its key is the table), the row, the leased index, the journal
+    assert (claim, ack) == (4, 4)
+    assert ledger(db_path) == expect(total=1, effects=1, done=1, ready=49)
+
+
+def test_a_batch_of_a_hundred_writes_a_fraction_of_a_page_per_message(
+        queue: Queue, handler: Handler, db_path: Path) -> None:
+    queue.enqueue_jsonl(batch(0, 300))
+    queue.complete_batch(queue.claim_batch(100), handler)  # the indexes reach their shape
+    leases = []
+
+    claim = wal_frames_of(queue, lambda: leases.extend(queue.claim_batch(100)))
+    ack = wal_frames_of(queue, lambda: queue.complete_batch(leases, handler))
+
+    assert claim + ack <= 24  # versus 800 for a hundred single-message round trips
+    assert ledger(db_path) == expect(total=200, effects=200, done=200, ready=100)
