@@ -219,6 +219,74 @@ class RawCommits(Case):
         self.conn.close()
 
 
+class BareProtocol(Case):
+    """For scale, not a target: two commits per message and nothing else.
+
+    The claim is one transaction (one UPDATE ... RETURNING that takes the
+    oldest due row through a partial index); the ACK is another (the effect
+    INSERT and an UPDATE guarded by generation and deadline). No journal, no
+    CHECK constraints, no foreign keys, no fence read before the handler,
+    no handler object, no crash points; it runs in this process, like the
+    raw commits. Between the raw limit and this case lies what two durable
+    commits of a few pages cost on this disk; between this case and
+    single-message mode, what the engine's checks and journal cost.
+    """
+
+    SCHEMA = """
+        CREATE TABLE messages (event_id TEXT PRIMARY KEY, payload TEXT NOT NULL,
+                               state TEXT NOT NULL, generation INTEGER NOT NULL,
+                               available_at INTEGER NOT NULL, lease_until INTEGER);
+        CREATE INDEX messages_ready ON messages (available_at, event_id) WHERE state = 'ready';
+        CREATE TABLE effects (event_id TEXT PRIMARY KEY, category TEXT NOT NULL,
+                              amount_cents INTEGER NOT NULL) WITHOUT ROWID;
+    """
+
+    def __init__(self, workdir: Path, n: int) -> None:
+        super().__init__("bare", "bare two-commit protocol (reference)")
+        self.conn = connect(workdir / "bare.sqlite3")  # the pragmas the queue uses
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.executescript(self.SCHEMA)
+        self.n, self.next_id, self.money = n, 0, 0
+
+    def slice(self) -> Slice:
+        conn, ids = self.conn, range(self.next_id, self.next_id + self.n)
+        conn.execute("BEGIN IMMEDIATE")  # the fill is not measured
+        conn.executemany("INSERT INTO messages VALUES (?, ?, 'ready', 0, 0, NULL)",
+                         ((f"E{i:06d}", payload_of(i)) for i in ids))
+        conn.execute("COMMIT")
+        start = time.perf_counter()
+        for _ in range(self.n):
+            conn.execute("BEGIN IMMEDIATE")
+            event_id, generation, payload = conn.execute(
+                "UPDATE messages SET state = 'leased', generation = generation + 1, "
+                "lease_until = ? WHERE event_id = (SELECT event_id FROM messages "
+                "WHERE state = 'ready' AND available_at <= ? ORDER BY available_at, event_id "
+                "LIMIT 1) RETURNING event_id, generation, payload", (31, 1)).fetchone()
+            conn.execute("COMMIT")
+            order = json.loads(payload)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO effects VALUES (?, ?, ?)",
+                         (event_id, order["category"], order["amount_cents"]))
+            if conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
+                            "WHERE event_id = ? AND state = 'leased' AND generation = ? "
+                            "AND lease_until > 1", (event_id, generation)).rowcount != 1:
+                raise CheckFailed(f"bare: {event_id} lost its lease")
+            conn.execute("COMMIT")
+        elapsed = time.perf_counter() - start
+        self.next_id += self.n
+        self.money += sum(amount_of(i) for i in ids)
+        found = conn.execute("SELECT (SELECT count(*) FROM messages WHERE state = 'done'), "
+                             "(SELECT count(*) FROM messages), (SELECT count(*) FROM effects), "
+                             "(SELECT coalesce(sum(amount_cents), 0) FROM effects)").fetchone()
+        if found != (self.next_id, self.next_id, self.next_id, self.money):
+            raise CheckFailed(f"bare: (done, messages, effects, money) = {found}, expected "
+                              f"{(self.next_id, self.next_id, self.next_id, self.money)}")
+        return Slice(self.n, elapsed, elapsed)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 class EndToEnd(Case):
     """Enqueue a JSONL batch, then worker processes claim and complete it all."""
 
