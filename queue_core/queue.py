@@ -29,21 +29,13 @@ from .errors import (BatchConflict, IntegrityViolation, LeaseLost, NotRedrivable
                      QueueError, UnknownEvent)
 from .handler import Handler
 from .ingest import EVENT_ID, Batch, parse_batch, read_batch
-from .storage import SYNCHRONOUS_MODES, connect, create_schema, transaction
-from .values import (Effect, EnqueueResult, Lease, Message, Metrics, Outcome, State, Status,
-                     Transition)
+from .storage import (CLAIM_SELECT, EXPIRED_SELECT, SYNCHRONOUS_MODES, connect,
+                      create_schema, transaction)
+from .values import Effect, EnqueueResult, Lease, Outcome, State
+from .views import QueueViews
 
-_MESSAGE_COLUMNS = ("event_id, payload, state, attempts, generation, available_at, "
-                    "lease_until, last_error")
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 
-# The claim's two reads, named so that tests can EXPLAIN exactly the text that
-# runs: each must walk its partial index (messages_ready, messages_leased) in
-# order, so the cost of a claim does not grow with the done rows kept forever.
-CLAIM_SELECT = ("SELECT event_id FROM messages WHERE state = 'ready' AND available_at <= ? "
-                "ORDER BY available_at, event_id LIMIT ?")
-EXPIRED_SELECT = ("SELECT event_id, attempts, generation FROM messages "
-                  "WHERE state = 'leased' AND lease_until <= ?")
 # The claim's write and the ACK's guarded write find their rows by primary key.
 # LEASE_UPDATE takes one "?" per chosen event id in place of {marks}; ACK_UPDATE
 # re-checks the lease (state, generation, deadline) as it marks the row done.
@@ -60,10 +52,10 @@ _FENCE_SELECT = f"SELECT {_FENCE_COLUMNS} FROM messages WHERE event_id = ?"
 
 def backoff_seconds(attempt: int) -> int:
     """Delay before the next try after a transient failure of ``attempt``: 1, 2, 4..."""
-    return 2 ** (attempt - 1)
+    return int(2 ** (attempt - 1))  # int: ``**`` of two ints is typed as Any
 
 
-class Queue:
+class Queue(QueueViews):
     """A reliable queue in one SQLite file, bound to a clock.
 
     ``lease_seconds`` is how long a claim entitles a worker to finish;
@@ -388,67 +380,6 @@ class Queue:
             conn.execute("UPDATE messages SET state = 'ready', attempts = 0, available_at = ? "
                          "WHERE event_id = ? AND state = 'dead'", (now, event_id))
             _journal(conn, [(now, event_id, State.DEAD, State.READY, row[1], 0, "redrive")])
-
-    # -- reading stored values ------------------------------------------------
-
-    def status(self) -> Status:
-        """Counts per state, effects and money, as stored; recovers nothing."""
-        with self._connection() as conn:
-            states = _state_counts(conn)
-            totals = dict(conn.execute("SELECT category, sum(amount_cents) FROM effects "
-                                       "GROUP BY category ORDER BY category"))
-            effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
-        return Status(states, effects, totals, sum(totals.values()))
-
-    def metrics(self) -> Metrics:
-        """Depth by state, age of the oldest due message, expired leases not yet
-        recovered, and the attempts each dead message spent; recovers nothing."""
-        now = self.clock.now()
-        with self._connection() as conn:
-            depth = _state_counts(conn)
-            oldest = conn.execute("SELECT min(available_at) FROM messages "
-                                  "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
-            expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED_SELECT})", (now,)).fetchone()[0]
-            dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
-                                     "WHERE state = 'dead' ORDER BY event_id"))
-        return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead)
-
-    def message(self, event_id: str) -> Message:
-        """The stored row of one message; raises ``UnknownEvent``."""
-        with self._connection() as conn:
-            row = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE event_id = ?",
-                               (event_id,)).fetchone()
-        if row is None:
-            raise UnknownEvent(f"no message {event_id}")
-        return Message.from_row(row)
-
-    def messages(self) -> list[Message]:
-        """Every stored message, in event id order."""
-        with self._connection() as conn:
-            rows = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages ORDER BY event_id")
-            return [Message.from_row(row) for row in rows]
-
-    def effects(self) -> dict[str, Effect]:
-        """Every stored effect by event id."""
-        with self._connection() as conn:
-            rows = conn.execute("SELECT event_id, category, amount_cents FROM effects "
-                                "ORDER BY event_id")
-            return {event_id: Effect(category, amount) for event_id, category, amount in rows}
-
-    def transitions(self, event_id: str | None = None) -> list[Transition]:
-        """The journal of state changes in order, for one event or all."""
-        query = ("SELECT seq, at, event_id, from_state, to_state, generation, attempts, reason "
-                 "FROM transitions WHERE ? IS NULL OR event_id = ? ORDER BY seq")
-        with self._connection() as conn:
-            rows = conn.execute(query, (event_id, event_id)).fetchall()
-        return [Transition(seq, at, eid, State(src) if src else None, State(dst), gen, att, why)
-                for seq, at, eid, src, dst, gen, att, why in rows]
-
-
-def _state_counts(conn: sqlite3.Connection) -> dict[str, int]:
-    counts = {state.value: 0 for state in State}
-    counts.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
-    return counts
 
 
 def _stored_payloads(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str, str]:

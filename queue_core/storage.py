@@ -73,6 +73,15 @@ CREATE TABLE IF NOT EXISTS transitions (
 """
 
 
+# The claim's two reads, named so that tests can EXPLAIN exactly the text that
+# runs: each must walk its partial index (messages_ready, messages_leased) in
+# order, so the cost of a claim does not grow with the done rows kept forever.
+CLAIM_SELECT = ("SELECT event_id FROM messages WHERE state = 'ready' AND available_at <= ? "
+                "ORDER BY available_at, event_id LIMIT ?")
+EXPIRED_SELECT = ("SELECT event_id, attempts, generation FROM messages "
+                  "WHERE state = 'leased' AND lease_until <= ?")
+
+
 def connect(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> sqlite3.Connection:
     """Open a connection in manual-transaction mode with the protocol's pragmas."""
     conn = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_SECONDS,

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import pytest
 
 from observe import expect, ledger
-from queue_core import Handler, ModelClock, Queue, drain
+from queue_core import Handler, ModelClock, Queue
 from queue_core.queue import ACK_UPDATE, CLAIM_SELECT, EXPIRED_SELECT, LEASE_UPDATE
 
 
