@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .child import run_child
+from .child import ChildResult, run_child
 from .clock import ModelClock
 from .handler import Handler
 from .queue import Queue
@@ -58,6 +58,7 @@ def run_scenario(workdir: str | Path, say: Callable[[str], None] = print) -> Dem
         f"{queue.fail(lease, 'transient_error')}")
     child = run_child(db, now=clock.now(), lease_seconds=LEASE_SECONDS,
                       crash_at="complete.after_insert")
+    assert isinstance(child, ChildResult)  # run_child waits unless told not to
     crashed = queue.message("E0003")
     say(f"t={clock.now()} E0003 worker process INSERTed its effect and died before COMMIT "
         f"(exit code {child.exit_code}); E0003 is {crashed.state}, generation {crashed.generation}")

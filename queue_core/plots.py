@@ -91,7 +91,7 @@ def plot_timeline(source: "Queue | pd.DataFrame", *, marks: Sequence[Mark] = (),
     generation, expired leases as ``x``, marks as red crosses with their label."""
     import matplotlib.pyplot as plt
 
-    frame = source if hasattr(source, "columns") else transitions_frame(source)
+    frame: pd.DataFrame = source if hasattr(source, "columns") else transitions_frame(source)
     events = sorted(set(frame["event_id"]) | {m.event_id for m in marks})
     x = _positions(frame, marks)
     first = min([*frame["at"], *(m.at for m in marks)])
@@ -241,9 +241,10 @@ def plot_consumers(results: Mapping[str, Iterable[Outcome]],
     frame = consumers_frame(results)
     events = sorted(set(frame["event_id"]))
     names = list(results)
-    colors = plt.get_cmap("tab10").colors
-    mosaic = [["who", "money"]] + ([["steps", "steps"]] if journal is not None else [])
+    colors = [plt.get_cmap("tab10")(i) for i in range(10)]
+    mosaic: list[Any] = [["who", "money"]] + ([["steps", "steps"]] if journal is not None else [])
     height = (2.0 + 0.5 * len(names)) * len(mosaic)
+    fig: Figure
     fig, axes = plt.subplot_mosaic(mosaic, figsize=(FIG_WIDTH, height), width_ratios=[3, 1])
     ax, bars = axes["who"], axes["money"]
     lanes = [f"{name}\n({int((frame['consumer'] == name).sum())} events)" for name in names]

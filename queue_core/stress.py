@@ -163,8 +163,9 @@ def _pending(db: str) -> bool:
 
 
 def _next_due(db: str) -> int | None:
-    return _rows(db, "SELECT min(CASE state WHEN 'leased' THEN lease_until ELSE available_at END) "
-                     "FROM messages WHERE state IN ('ready', 'leased')")[0][0]
+    due = _rows(db, "SELECT min(CASE state WHEN 'leased' THEN lease_until ELSE available_at END) "
+                    "FROM messages WHERE state IN ('ready', 'leased')")[0][0]
+    return None if due is None else int(due)
 
 
 def _rows(db: str, sql: str) -> list[tuple[Any, ...]]:

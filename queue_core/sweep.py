@@ -273,15 +273,15 @@ def plot_sweep(rows: Sequence[SweepRow], title: str = "Crash sweep: outcome per 
                ) -> "Figure":
     """Draw the sweep: steps on the y axis, protocols on the x axis, outcome as colour."""
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch, Rectangle
 
     table = sweep_frame(rows)
     fig, ax = plt.subplots(figsize=(9.5, 6.5))
     for y, step in enumerate(table.index):
         for x, protocol in enumerate(table.columns):
             outcome = table.loc[step, protocol]
-            ax.add_patch(plt.Rectangle((x - 0.48, y - 0.45), 0.96, 0.9,
-                                       color=COLOURS.get(outcome, "#888888")))
+            ax.add_patch(Rectangle((x - 0.48, y - 0.45), 0.96, 0.9,
+                                   color=COLOURS.get(outcome, "#888888")))
             if outcome not in ("ok", "n/a"):
                 ax.text(x, y, outcome, ha="center", va="center", fontsize=8, color="white")
     ax.set_xlim(-0.5, len(table.columns) - 0.5)
