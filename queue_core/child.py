@@ -53,8 +53,8 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
     ``now`` fixes the child's model clock (the system clock if ``None``).
     With ``wait=False`` the running ``Popen`` is returned; pass it to
     ``collect`` to get the ``ChildResult``. ``protocol`` names one of
-    ``queue_core.naive.PROTOCOLS`` (the broken ones are contrasts, and always
-    drain); ``faults`` configures injected transient faults
+    ``queue_core.naive.PROTOCOLS`` (the broken ones are teaching contrasts);
+    ``faults`` configures injected transient faults
     (``queue_core.stress.FlakyHandler.from_spec``); ``crash_after`` is
     which arrival at ``crash_at`` kills the worker (the first by default).
     With a ``gate`` folder the child starts, opens the database, then waits
@@ -136,7 +136,11 @@ def _report(outcome: Outcome) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
     clock = SystemClock() if spec["now"] is None else ModelClock(spec["now"])
-    queue = Queue(spec["db"], clock=clock, lease_seconds=spec["lease_seconds"])
+    queue_class = Queue
+    if spec.get("protocol", "protocol") != "protocol":
+        from .naive import protocol  # teaching contrasts only
+        queue_class = protocol(spec["protocol"]).queue_class
+    queue = queue_class(spec["db"], clock=clock, lease_seconds=spec["lease_seconds"])
     handler = Handler().supporting(*spec["accept"])
     if spec.get("faults"):
         from .stress import FlakyHandler  # lazily: stress starts children itself
@@ -144,10 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arm(spec["crash_at"], after=spec.get("crash_after", 1))
     if spec.get("gate"):
         _wait_at_gate(spec["gate"])
-    if spec.get("protocol", "protocol") != "protocol":
-        from .naive import drain as drain_with, protocol  # teaching contrasts only
-        drain_with(queue, handler, protocol(spec["protocol"]), on_outcome=_report)
-    elif spec["mode"] == "one":
+    if spec["mode"] == "one":
         outcome = process_one(queue, handler)
         if outcome is not None:
             _report(outcome)

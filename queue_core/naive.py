@@ -21,8 +21,10 @@ The two split-transaction protocols write their effects to ``naive_ledger``,
 a table with no unique key on ``event_id``, as an ordinary counter or ledger
 has. The real ``effects`` table's primary key is a second line of defence,
 not a replacement for the protocol: leaving it out shows what the protocol
-alone guarantees. All protocols share the real ``Queue.claim``; each passes
-through the same named crash points as far as they apply (``points``).
+alone guarantees. Each protocol is a ``Queue`` subclass that overrides only
+what it breaks, so the real worker (``worker.drain``, ``worker.finish``) and
+the real claim drive all of them; each passes through the same named crash
+points as far as they apply (``points``). They ACK one lease at a time.
 """
 
 from __future__ import annotations
@@ -31,15 +33,14 @@ import json
 import os
 import sqlite3
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Sequence
 
 from .crashpoints import crash_point
-from .errors import IntegrityViolation, InvalidPayload, LeaseLost, TransientError
+from .errors import IntegrityViolation, LeaseLost, QueueError
 from .handler import Handler
 from .queue import Queue, _journal, backoff_seconds
 from .storage import connect, transaction
 from .values import Effect, Lease, Outcome, State
-from .worker import drain as real_drain
 
 LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS naive_ledger (
@@ -57,21 +58,17 @@ FAIL_POINTS = ("fail.after_begin", "fail.before_commit", "fail.after_commit")
 
 @dataclass(frozen=True)
 class Protocol:
-    """How a worker finishes a lease: ``complete`` (the ACK) and ``fail``."""
+    """A way to finish leases: its name, the ``Queue`` class that implements it,
+    the crash points it passes through, and whether it is a broken contrast."""
 
     name: str
-    complete: Callable[[Queue, Lease, Handler], Effect]
-    fail: Callable[[Queue, Lease, str, bool], Outcome]
+    queue_class: type[Queue]
     points: tuple[str, ...]
     broken: bool
 
-
-def _real_complete(queue: Queue, lease: Lease, handler: Handler) -> Effect:
-    return queue.complete(lease, handler)
-
-
-def _real_fail(queue: Queue, lease: Lease, code: str, permanent: bool) -> Outcome:
-    return queue.fail(lease, code, permanent=permanent)
+    def open(self, path: str | os.PathLike[str], **options: Any) -> Queue:
+        """A queue on ``path`` that finishes leases this protocol's way."""
+        return self.queue_class(path, **options)
 
 
 def create_ledger(path: str | os.PathLike[str]) -> None:
@@ -84,39 +81,61 @@ def create_ledger(path: str | os.PathLike[str]) -> None:
         conn.close()
 
 
+class _Contrast(Queue):
+    """Base of the broken protocols: the real claim, a broken ACK, one lease at a time."""
+
+    def complete_batch(self, leases: Sequence[Lease],
+                       handler: Handler) -> list[Effect | QueueError]:
+        raise TypeError(f"{type(self).__name__} is a teaching contrast; it ACKs one lease "
+                        "at a time (use complete)")
+
+
+class _SplitAck(_Contrast):
+    """The effect and the ACK in two transactions; effects go to ``naive_ledger``."""
+
+    def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
+        super().__init__(path, **options)
+        create_ledger(self.path)
+
+
 # -- mark, then write (loses money) ------------------------------------------
 
-def _mark_then_write(queue: Queue, lease: Lease, handler: Handler) -> Effect:
+class MarkThenWrite(_SplitAck):
     """BROKEN: the ACK commits before the effect is written."""
-    with queue._tx() as conn:
-        crash_point("complete.after_begin")
-        effect = _effect(conn, queue, lease, handler)  # validate first, as a careful naive worker would
-        _mark_done(conn, queue, lease)
-        crash_point("complete.before_commit")
-    crash_point("complete.between_transactions")
-    with queue._tx() as conn:
-        _write_ledger(conn, lease.event_id, effect)
-        crash_point("complete.after_insert")
-    crash_point("complete.after_commit")
-    return effect
+
+    def complete(self, lease: Lease, handler: Handler) -> Effect:
+        with self._tx() as conn:
+            crash_point("complete.after_begin")
+            # validate first, as a careful naive worker would
+            effect = _effect(conn, self, lease, handler)
+            _mark_done(conn, self, lease)
+            crash_point("complete.before_commit")
+        crash_point("complete.between_transactions")
+        with self._tx() as conn:
+            _write_ledger(conn, lease.event_id, effect)
+            crash_point("complete.after_insert")
+        crash_point("complete.after_commit")
+        return effect
 
 
 # -- write, then mark (doubles money) ----------------------------------------
 
-def _write_then_mark(queue: Queue, lease: Lease, handler: Handler) -> Effect:
+class WriteThenMark(_SplitAck):
     """BROKEN: the effect commits before the ACK, in a separate transaction."""
-    with queue._tx() as conn:
-        crash_point("complete.after_begin")
-        effect = _effect(conn, queue, lease, handler)
-        _write_ledger(conn, lease.event_id, effect)
-        crash_point("complete.after_insert")
-    crash_point("complete.between_transactions")
-    with queue._tx() as conn:
-        queue._fenced(conn, lease)
-        _mark_done(conn, queue, lease)
-        crash_point("complete.before_commit")
-    crash_point("complete.after_commit")
-    return effect
+
+    def complete(self, lease: Lease, handler: Handler) -> Effect:
+        with self._tx() as conn:
+            crash_point("complete.after_begin")
+            effect = _effect(conn, self, lease, handler)
+            _write_ledger(conn, lease.event_id, effect)
+            crash_point("complete.after_insert")
+        crash_point("complete.between_transactions")
+        with self._tx() as conn:
+            self._fenced(conn, lease)
+            _mark_done(conn, self, lease)
+            crash_point("complete.before_commit")
+        crash_point("complete.after_commit")
+        return effect
 
 
 def _effect(conn: sqlite3.Connection, queue: Queue, lease: Lease, handler: Handler) -> Effect:
@@ -154,58 +173,62 @@ def _unfenced(conn: sqlite3.Connection, queue: Queue, lease: Lease) -> str:
     return str(payload)
 
 
-def _complete_without_generation(queue: Queue, lease: Lease, handler: Handler) -> Effect:
-    """BROKEN: one transaction, but any worker that once held the lease may ACK."""
-    with queue._tx() as conn:
-        crash_point("complete.after_begin")
-        payload = _unfenced(conn, queue, lease)
-        try:
-            effect = handler.apply(conn, lease.event_id, json.loads(payload))
-        except sqlite3.IntegrityError as exc:
-            raise IntegrityViolation(f"{lease.event_id}: {exc}") from exc
-        crash_point("complete.after_insert")
-        _unfenced(conn, queue, lease)
-        crash_point("complete.after_recheck")
-        conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
-                     "WHERE event_id = ? AND state = 'leased'", (lease.event_id,))
-        _journal(conn, [(queue.clock.now(), lease.event_id, State.LEASED, State.DONE,
-                         lease.generation, lease.attempt, "completed")])
-        crash_point("complete.before_commit")
-    crash_point("complete.after_commit")
-    return effect
+class NoGenerationCheck(_Contrast):
+    """BROKEN: one transaction, but any worker that once held the lease may
+    ACK, and a stale worker's failure report overrides the current holder."""
+
+    def complete(self, lease: Lease, handler: Handler) -> Effect:
+        with self._tx() as conn:
+            crash_point("complete.after_begin")
+            payload = _unfenced(conn, self, lease)
+            try:
+                effect = handler.apply(conn, lease.event_id, json.loads(payload))
+            except sqlite3.IntegrityError as exc:
+                raise IntegrityViolation(f"{lease.event_id}: {exc}") from exc
+            crash_point("complete.after_insert")
+            _unfenced(conn, self, lease)
+            crash_point("complete.after_recheck")
+            conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
+                         "WHERE event_id = ? AND state = 'leased'", (lease.event_id,))
+            _journal(conn, [(self.clock.now(), lease.event_id, State.LEASED, State.DONE,
+                             lease.generation, lease.attempt, "completed")])
+            crash_point("complete.before_commit")
+        crash_point("complete.after_commit")
+        return effect
+
+    def fail(self, lease: Lease, code: str = "transient_error", *,
+             permanent: bool = False) -> Outcome:
+        with self._tx() as conn:
+            crash_point("fail.after_begin")
+            _unfenced(conn, self, lease)
+            now = self.clock.now()
+            dead = permanent or lease.attempt >= self.max_attempts
+            to, at = ("dead", now) if dead else ("ready", now + backoff_seconds(lease.attempt))
+            conn.execute("UPDATE messages SET state = ?, lease_until = NULL, available_at = ?, "
+                         "last_error = ? WHERE event_id = ? AND state = 'leased'",
+                         (to, at, code, lease.event_id))
+            reason = code if permanent or not dead else "attempts_exhausted"
+            _journal(conn, [(now, lease.event_id, State.LEASED, State(to), lease.generation,
+                             lease.attempt, reason)])
+            crash_point("fail.before_commit")
+        crash_point("fail.after_commit")
+        if dead:
+            return Outcome(lease.event_id, "dead", lease.generation, code)
+        return Outcome(lease.event_id, "retry", lease.generation, code, available_at=at)
 
 
-def _fail_without_generation(queue: Queue, lease: Lease, code: str, permanent: bool) -> Outcome:
-    """BROKEN: a stale worker's failure report overrides the current holder."""
-    with queue._tx() as conn:
-        crash_point("fail.after_begin")
-        _unfenced(conn, queue, lease)
-        now = queue.clock.now()
-        dead = permanent or lease.attempt >= queue.max_attempts
-        to, at = ("dead", now) if dead else ("ready", now + backoff_seconds(lease.attempt))
-        conn.execute("UPDATE messages SET state = ?, lease_until = NULL, available_at = ?, "
-                     "last_error = ? WHERE event_id = ? AND state = 'leased'",
-                     (to, at, code, lease.event_id))
-        _journal(conn, [(now, lease.event_id, State.LEASED, State(to), lease.generation,
-                         lease.attempt, code if permanent or not dead else "attempts_exhausted")])
-        crash_point("fail.before_commit")
-    crash_point("fail.after_commit")
-    if dead:
-        return Outcome(lease.event_id, "dead", lease.generation, code)
-    return Outcome(lease.event_id, "retry", lease.generation, code, available_at=at)
-
-
-REAL = Protocol("protocol", _real_complete, _real_fail, CLAIM_POINTS + (
+REAL = Protocol("protocol", Queue, CLAIM_POINTS + (
     "complete.after_begin", "complete.after_insert", "complete.after_recheck",
     "complete.before_commit", "complete.after_commit") + FAIL_POINTS, broken=False)
 _SPLIT_POINTS = CLAIM_POINTS + (
     "complete.after_begin", "complete.after_insert", "complete.before_commit",
     "complete.between_transactions", "complete.after_commit") + FAIL_POINTS
-MARK_THEN_WRITE = Protocol("mark then write", _mark_then_write, _real_fail, _SPLIT_POINTS, True)
-WRITE_THEN_MARK = Protocol("write then mark", _write_then_mark, _real_fail, _SPLIT_POINTS, True)
-NO_GENERATION_CHECK = Protocol("no generation check", _complete_without_generation,
-                               _fail_without_generation, REAL.points, broken=True)
-PROTOCOLS = {p.name: p for p in (REAL, MARK_THEN_WRITE, WRITE_THEN_MARK, NO_GENERATION_CHECK)}
+PROTOCOLS = {p.name: p for p in (
+    REAL,
+    Protocol("mark then write", MarkThenWrite, _SPLIT_POINTS, broken=True),
+    Protocol("write then mark", WriteThenMark, _SPLIT_POINTS, broken=True),
+    Protocol("no generation check", NoGenerationCheck, REAL.points, broken=True),
+)}
 
 
 def protocol(name: str) -> Protocol:
@@ -214,35 +237,3 @@ def protocol(name: str) -> Protocol:
         return PROTOCOLS[name]
     except KeyError:
         raise ValueError(f"unknown protocol {name!r}; known: {', '.join(PROTOCOLS)}") from None
-
-
-def finish(proto: Protocol, queue: Queue, lease: Lease, handler: Handler) -> Outcome:
-    """``worker.finish`` with ``proto``'s complete and fail."""
-    try:
-        effect = proto.complete(queue, lease, handler)
-    except (InvalidPayload, TransientError) as exc:
-        try:
-            failed = proto.fail(queue, lease, exc.code, isinstance(exc, InvalidPayload))
-        except LeaseLost as lost:
-            return Outcome(lease.event_id, "lost", lease.generation, lost.code)
-        return Outcome(failed.event_id, failed.kind, failed.generation, failed.code,
-                       available_at=failed.available_at)
-    except LeaseLost as exc:
-        return Outcome(lease.event_id, "lost", lease.generation, exc.code)
-    return Outcome(lease.event_id, "done", lease.generation, effect=effect)
-
-
-def drain(queue: Queue, handler: Handler, proto: Protocol = REAL,
-          on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Process every message due now with ``proto`` (the real worker for ``REAL``)."""
-    if proto is REAL:
-        return real_drain(queue, handler, on_outcome=on_outcome)
-    if proto.complete in (_mark_then_write, _write_then_mark):
-        create_ledger(queue.path)
-    outcomes: list[Outcome] = []
-    with queue.session():
-        while (lease := queue.claim()) is not None:
-            outcomes.append(finish(proto, queue, lease, handler))
-            if on_outcome is not None:
-                on_outcome(outcomes[-1])
-    return outcomes

@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 from .child import collect, reap, run_child
 from .clock import ModelClock
 from .handler import Handler
-from .naive import PROTOCOLS, Protocol, create_ledger, drain, finish
+from .naive import PROTOCOLS, Protocol, create_ledger
 from .queue import Queue
 from .stress import FlakyHandler
 from .values import Lease
+from .worker import drain, finish
 
 if TYPE_CHECKING:
     import pandas
@@ -117,17 +118,17 @@ def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] 
         return [results[p.name, s] for p, s in cases]
 
 
-def _queue(db: Path, clock: ModelClock) -> Queue:
+def _queue(proto: Protocol, db: Path, clock: ModelClock) -> Queue:
     # The sweep is about process death, not power loss: the armed worker keeps
     # synchronous=FULL, while the set-up and the recovery in this process skip
     # the fsync per commit (WAL with NORMAL survives any process crash).
-    return Queue(db, clock=clock, lease_seconds=LEASE_SECONDS, synchronous="NORMAL")
+    return proto.open(db, clock=clock, lease_seconds=LEASE_SECONDS, synchronous="NORMAL")
 
 
 def _fresh(tmp: Path, proto: Protocol, step: str) -> Path:
     db = tmp / f"{proto.name.replace(' ', '_')}-{step}.sqlite3"
-    _queue(db, ModelClock(START)).enqueue_jsonl(BATCH)
-    create_ledger(db)
+    _queue(proto, db, ModelClock(START)).enqueue_jsonl(BATCH)
+    create_ledger(db)  # every file has one, so the audit reads every file alike
     return db
 
 
@@ -157,16 +158,16 @@ def _recover(proto: Protocol, step: str, db: Path, proc: subprocess.Popen[str],
             return SweepRow(proto.name, step, "n/a", 0, f"reached fewer than {crash_after} times")
         return SweepRow(proto.name, step, "not reached", 0, "the worker never got there")
     clock = ModelClock(START)
-    finished = run_to_completion(_queue(db, clock), clock, current_handler(), proto)
+    finished = run_to_completion(_queue(proto, db, clock), clock, current_handler())
     return _row(proto, step, db, finished)
 
 
-def run_to_completion(queue: Queue, clock: ModelClock, handler: Handler,
-                      proto: Protocol) -> bool:
+def run_to_completion(queue: Queue, clock: ModelClock, handler: Handler) -> bool:
     """Drain, then step the clock to the next lease deadline or backoff, until
-    nothing is ready or leased; ``False`` if that takes over ``MAX_ROUNDS``."""
+    nothing is ready or leased; ``False`` if that takes over ``MAX_ROUNDS``.
+    ``queue`` finishes leases its protocol's way (``Protocol.open``)."""
     for _ in range(MAX_ROUNDS):
-        drain(queue, handler, proto)
+        drain(queue, handler)
         due = [m.lease_until if m.lease_until is not None else m.available_at
                for m in queue.messages() if m.state in ("ready", "leased")]
         if not due:
@@ -180,29 +181,29 @@ def _stale_case(proto: Protocol, step: str, db: Path) -> SweepRow:
     over (generation 2); the slow one wakes and finishes first; then the
     current holder finishes; then the queue runs to completion."""
     clock = ModelClock(START)
-    slow, other = _queue(db, clock), _queue(db, clock)
+    slow, other = _queue(proto, db, clock), _queue(proto, db, clock)
     handler = current_handler()
     old_version = Handler() if step == "stale.fail" else handler
     stale_lease = slow.claim()
     if stale_lease is None or stale_lease.event_id != "E0001":
         raise RuntimeError(f"the slow worker should hold E0001, got {stale_lease}")
-    drain(other, handler, proto)
+    drain(other, handler)
     clock.set(stale_lease.lease_until)  # the slow worker's lease has just expired
-    current = _claim_event(other, "E0001", handler, proto)
-    woke = finish(proto, slow, stale_lease, old_version)
-    then = finish(proto, other, current, handler)
-    finished = run_to_completion(other, clock, handler, proto)
+    current = _claim_event(other, "E0001", handler)
+    woke = finish(slow, stale_lease, old_version)
+    then = finish(other, current, handler)
+    finished = run_to_completion(other, clock, handler)
     row = _row(proto, step, db, finished)
     woke_text = " ".join(filter(None, (woke.kind, woke.code)))
     detail = f"slow worker: {woke_text}; current worker: {then.kind}; {row.detail}"
     return SweepRow(row.protocol, row.step, row.outcome, row.total, detail)
 
 
-def _claim_event(queue: Queue, event_id: str, handler: Handler, proto: Protocol) -> Lease:
+def _claim_event(queue: Queue, event_id: str, handler: Handler) -> Lease:
     while (lease := queue.claim()) is not None:
         if lease.event_id == event_id:
             return lease
-        finish(proto, queue, lease, handler)
+        finish(queue, lease, handler)
     raise RuntimeError(f"{event_id} was never due")
 
 

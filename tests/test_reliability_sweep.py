@@ -78,7 +78,7 @@ def test_a_queue_left_with_an_abandoned_lease_is_reported_stuck_until_a_worker_r
     assert read_back(db_path, "SELECT event_id, state FROM messages WHERE state != 'ready'") == [
         ("E0001", "leased")]
     assert audit(db_path)[0] == "stuck"
-    assert run_to_completion(queue, clock, current_handler(), REAL)
+    assert run_to_completion(queue, clock, current_handler())
     assert audit(db_path) == ("ok", 20000, "every effect once: 20000")
     assert clock.now() == START + 2  # the abandoned lease (2 s) had to expire first
 
@@ -87,7 +87,7 @@ def test_the_audit_reports_an_effect_written_behind_the_protocol_as_doubled_mone
     clock = ModelClock(START)
     queue = Queue(db_path, clock=clock, lease_seconds=LEASE_SECONDS)
     queue.enqueue_jsonl(BATCH)
-    assert run_to_completion(queue, clock, current_handler(), REAL)
+    assert run_to_completion(queue, clock, current_handler())
     assert audit(db_path)[0] == "ok"
     conn = sqlite3.connect(db_path)
     conn.execute("CREATE TABLE naive_ledger (seq INTEGER PRIMARY KEY, event_id TEXT, "
@@ -158,3 +158,17 @@ def test_a_crash_on_a_later_message_is_recovered_too_and_an_unreached_arrival_is
     third = run_sweep(protocols=["protocol"], steps=["fail.before_commit"], crash_after=3,
                       workdir=tmp_path)
     assert [(r.outcome, r.detail) for r in third] == [("n/a", "reached fewer than 3 times")]
+
+
+@pytest.mark.parametrize("name", [name for name, p in PROTOCOLS.items() if p.broken])
+def test_a_broken_protocol_refuses_a_batch_ack_and_changes_nothing(db_path: Path, name: str):
+    queue = PROTOCOLS[name].open(db_path, clock=ModelClock(START), lease_seconds=LEASE_SECONDS)
+    queue.enqueue_jsonl(BATCH)
+    leases = queue.claim_batch(2)
+    before = read_back(db_path, "SELECT event_id, state, generation FROM messages ORDER BY 1")
+
+    with pytest.raises(TypeError, match="one lease at a time"):
+        queue.complete_batch(leases, current_handler())
+
+    assert read_back(db_path, "SELECT event_id, state, generation FROM messages ORDER BY 1") == before
+    assert read_back(db_path, "SELECT count(*) FROM effects") == [(0,)]
