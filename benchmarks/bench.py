@@ -170,6 +170,7 @@ def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None) ->
         "slices": sum(len(case.slices) for case in cases),
         "memory": memory,
         "parent_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "raw_range": (min(map(_rate, raw.slices)), max(map(_rate, raw.slices))),
     }
 
 
@@ -184,6 +185,9 @@ def report(results: dict[str, Any]) -> list[str]:
     for name, rate in rates.items():
         lines.append(f"{results['labels'][name]:<46}{rate:>8.0f}{e2e[name]:>14.0f}"
                      f"{vs_raw[name]:>8.2f}")
+    low, high = results["raw_range"]
+    lines.append(f"the disk during this run: a raw commit took {1000 / rates['raw']:.2f} ms "
+                 f"(median); its slices ran from {low:.0f} to {high:.0f} commits/s")
     lines.append("ratios measured in this run, against their targets:")
     for name, (value, minimum) in results["ratios"].items():
         verdict = "ok" if value >= minimum else "BELOW TARGET"
