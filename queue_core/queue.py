@@ -290,9 +290,10 @@ class Queue(QueueViews):
         # again, now as the guard of the UPDATE that marks it done.
         now = self.clock.now()
         marked = conn.execute(ACK_UPDATE, (lease.event_id, lease.generation, now)).rowcount
-        if marked != 1:
+        if marked != 1:  # the lease is lost: read the row again only to say why
             self._check_fence(lease, conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone(),
                               now)
+            # not reached: the read sees what the UPDATE saw, under the same write lock
             raise AssertionError(f"{lease.event_id}: guarded UPDATE matched {marked} rows")
         crash_point("complete.after_recheck")
         return effect, (now, lease.event_id, State.LEASED, State.DONE,
