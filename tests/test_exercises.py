@@ -175,15 +175,22 @@ def test_exercise_3_support_first_then_redrive_is_solved(tmp_path: Path) -> None
 Refusal = tuple[Lease, Exception]
 
 
-def stalled_worker_story(queue: Queue) -> tuple[Refusal, Refusal, Lease]:
-    """The reference solution: W1 stalls, W2 sends E0004 dead, a redrive, W3 finishes."""
-    handler = Handler()
+def stall_then_dead(queue: Queue, handler: Handler) -> tuple[Lease, Refusal]:
+    """W1 stalls past its lease, W2 takes E0004 over and sends it dead; W1's
+    late ACK is refused. Returns W1's lease and that refusal."""
     w1 = queue.claim()
     queue.clock.advance(2)  # type: ignore[attr-defined]
     w2 = queue.claim()
     assert w1 is not None and w2 is not None
     before = (w1, refused(lambda: queue.complete(w1, handler)))
     finish(queue, w2, handler)
+    return w1, before
+
+
+def stalled_worker_story(queue: Queue) -> tuple[Refusal, Refusal, Lease]:
+    """The reference solution: W1 stalls, W2 sends E0004 dead, a redrive, W3 finishes."""
+    handler = Handler()
+    w1, before = stall_then_dead(queue, handler)
     queue.redrive("E0004")
     newer = handler.supporting("toy")
     w3 = queue.claim()
@@ -200,13 +207,7 @@ def test_exercise_4_untouched_start_is_not_attempted(tmp_path: Path) -> None:
 def test_exercise_4_a_refusal_before_the_redrive_only_with_e0004_left_dead_is_not_quite(
         tmp_path: Path, capsys) -> None:
     queue = exercises.start_4(tmp_path)
-    handler = Handler()
-    w1 = queue.claim()
-    queue.clock.advance(2)  # type: ignore[attr-defined]
-    w2 = queue.claim()
-    assert w1 is not None and w2 is not None
-    before = (w1, refused(lambda: queue.complete(w1, handler)))
-    finish(queue, w2, handler)
+    _, before = stall_then_dead(queue, Handler())
     verdict = exercises.check_4(queue, before, None)
     assert verdict.status == NOT_QUITE
     text = one_verdict(capsys, verdict)
