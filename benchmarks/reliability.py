@@ -32,9 +32,9 @@ for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from queue_core.naive import PROTOCOLS  # noqa: E402
-from queue_core.stress import run_stress  # noqa: E402
-from queue_core.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
+from queue_core.lab.contrasts import PROTOCOLS  # noqa: E402
+from queue_core.lab.stress import run_stress  # noqa: E402
+from queue_core.lab.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
 
 CRASH_STEPS = tuple(step for step in STEPS if step not in SCHEDULES)
 

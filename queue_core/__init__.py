@@ -8,13 +8,18 @@ backoff, a dead-letter state and redrive.
     >>> clock = ModelClock(1000)
     >>> queue = Queue("course.sqlite3", clock=clock, lease_seconds=2)
 
-Importing this package does not import pandas or matplotlib.
+The engine is this package; the course's apparatus (worker processes that
+crash on purpose, broken contrasts, sweeps, exercises, plots) is the
+subpackage ``queue_core.lab``, which importing this package does not load.
+Importing either does not import pandas or matplotlib.
 """
 
 from .clock import Clock, ModelClock, SystemClock
 from .crashpoints import CRASH_EXIT_CODE
+from .audit import FINDINGS, Finding, Snapshot
 from .errors import (BatchConflict, BatchRejected, IntegrityViolation, InvalidPayload,
-                     LeaseLost, NotRedrivable, QueueError, TransientError, UnknownEvent)
+                     LeaseLost, NotRedrivable, QueueError, TransientError, UnknownEvent,
+                     UnusableFile)
 from .handler import DEFAULT_CATEGORIES, Handler
 from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
 from .queue import Queue, backoff_seconds
@@ -22,9 +27,10 @@ from .values import (Effect, EnqueueResult, Lease, Message, Metrics, Outcome, St
                      Transition)
 from .worker import drain, finish, process_one
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = [
+    "FINDINGS", "Finding", "Snapshot", "UnusableFile",
     "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "DEFAULT_CATEGORIES",
     "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation", "InvalidPayload",
     "Lease", "LeaseLost", "Message", "Metrics", "ModelClock", "NotRedrivable", "Outcome", "Queue",

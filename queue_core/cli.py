@@ -3,53 +3,86 @@
 Exit status: 0 on success (``work`` included, whatever the outcomes);
 2 for refused input (a rejected batch, a message that cannot be redriven,
 bad arguments), with ``line N: CODE: explanation`` or ``CODE: explanation``
-on stderr; 1 for an operational error (the database file is unusable).
+on stderr; 1 for an operational error (a file that is not the queue's, a
+missing queue for a reading command, an unusable database, output that
+cannot be written), with ``error: CODE: explanation``; 130 or 143 when
+``work`` was stopped by Ctrl-C or SIGTERM after finishing its current
+message; 141 when the reader of the output went away (``work | head -1``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sqlite3
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
+from . import __version__
 from .clock import Clock, ModelClock, SystemClock
-from .errors import IntegrityViolation, QueueError
+from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue
 from .worker import drain
 
 DEFAULT_DB = "queue.sqlite3"
+DEFAULT_LEASE_SECONDS = 30
 EXIT_REFUSED = 2
 EXIT_OPERATIONAL = 1
+EXIT_BROKEN_PIPE = 128 + 13
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 MAX_SECONDS = 10**12  # about 31,700 years: far beyond any clock, far below 2**63
+READING_COMMANDS = ("status", "metrics")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="queue-core",
         description="A reliable queue in one SQLite file: lease, fencing generation, "
-                    "effect and ACK in one transaction.")
+                    "effect and ACK in one transaction.",
+        epilog="example: queue-core --now 1000 enqueue data/demo.jsonl")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
-                        help=f"database file, created on first use (default: {DEFAULT_DB})")
+                        help="the queue's database file; enqueue, work and redrive create it "
+                             f"if missing, status and metrics never do (default: {DEFAULT_DB})")
     parser.add_argument("--now", type=_seconds, metavar="T",
-                        help="model time in integer seconds (default: the system clock)")
+                        help="model time in integer seconds for this command "
+                             "(default: the system clock)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    enqueue = commands.add_parser("enqueue", help="validate a JSONL batch whole, then store it")
-    enqueue.add_argument("file", metavar="FILE")
-    work = commands.add_parser("work", help="process every message due now, then exit")
-    work.add_argument("--lease-seconds", type=_positive, default=30, metavar="S")
+    enqueue = _command(commands, "enqueue", "validate a JSONL batch whole, then store it",
+                       "queue-core --now 1000 enqueue data/demo.jsonl")
+    enqueue.add_argument("file", metavar="FILE",
+                         help="a JSONL file: one {\"event_id\", \"payload\"} object per line")
+    work = _command(commands, "work", "process every message due now, then exit",
+                    "queue-core --now 1000 work --accept toy")
+    work.add_argument("--lease-seconds", type=_positive, default=DEFAULT_LEASE_SECONDS,
+                      metavar="S", help="how long each claim entitles this worker to finish "
+                                        f"(default: {DEFAULT_LEASE_SECONDS})")
     work.add_argument("--accept", nargs="+", default=[], metavar="CATEGORY",
-                      help="also accept these categories, as a newer handler would")
+                      help="also accept these categories, as a newer handler would "
+                           "(default: only book, pen, bag)")
     work.add_argument("--batch-size", type=_positive, default=1, metavar="K",
                       help="claim and ACK up to K messages per transaction (default: 1)")
-    status = commands.add_parser("status", help="stored counts and money; recovers nothing")
-    status.add_argument("--json", action="store_true", help="print one JSON object")
-    redrive = commands.add_parser("redrive", help="send a dead message back to ready")
-    redrive.add_argument("event_id", metavar="EVENT_ID")
-    commands.add_parser("demo", help="run the reference scenario in a temporary database")
+    for name, summary in (("status", "stored counts and money at one moment; recovers nothing"),
+                          ("metrics", "depth, oldest due age, expired leases, dead attempts")):
+        reading = _command(commands, name, summary, f"queue-core {name} --json")
+        reading.add_argument("--json", action="store_true",
+                             help="print one JSON object (default: aligned text)")
+    redrive = _command(commands, "redrive", "send a dead message back to ready",
+                       "queue-core redrive E0004")
+    redrive.add_argument("event_id", metavar="EVENT_ID",
+                         help="the dead message's id, E followed by four digits")
+    _command(commands, "demo", "run the reference scenario in a temporary database",
+             "queue-core demo")
+    return parser
+
+
+def _command(commands: Any, name: str, summary: str, example: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name, help=summary, description=summary, epilog=f"example: {example}")
     return parser
 
 
@@ -57,7 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
-    except IntegrityViolation as exc:  # the file was changed behind the protocol
+    except KeyboardInterrupt:  # Ctrl-C outside work's loop: nothing was left half-done
+        print("stopped by SIGINT", file=sys.stderr)
+        return EXIT_SIGNAL[signal.SIGINT]
+    except BrokenPipeError:
+        _silence_stdout()  # the reader left: nothing more to say, and no second error at exit
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:
+        if exc.filename is not None:  # a file the command was given: refused input
+            print(f"error: os_error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return EXIT_OPERATIONAL
+        _silence_stdout()
+        print(f"error: output_failed: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_OPERATIONAL
+    except (IntegrityViolation, UnusableFile) as exc:  # the file, not the input, is the problem
         print(f"error: {exc.code}: {exc}", file=sys.stderr)
         return EXIT_OPERATIONAL
     except QueueError as exc:
@@ -70,39 +116,101 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from .demo import run_demo
-        run_demo()
+        from .lab.demo import run_demo  # the course's scenario, with a real crashing child
+        run_demo(say=_say)
         return 0
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
     clock: Clock = SystemClock() if args.now is None else ModelClock(args.now)
-    queue = Queue(args.db, clock=clock, lease_seconds=getattr(args, "lease_seconds", 30))
+    queue = Queue(args.db, clock=clock, create=args.command not in READING_COMMANDS,
+                  lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS))
     if batch is not None:
         result = queue.enqueue(batch)
-        print(f"inserted {result.inserted}, duplicates {result.duplicates}")
+        _say(f"inserted {result.inserted}, duplicates {result.duplicates}")
     elif args.command == "work":
-        handler = Handler().supporting(*args.accept)
-        outcomes = drain(queue, handler, batch_size=args.batch_size,
-                         on_outcome=lambda outcome: print(outcome, flush=True))
-        print(f"nothing left to claim at t={clock.now()} ({len(outcomes)} processed)")
+        return _work(queue, Handler().supporting(*args.accept), args.batch_size)
     elif args.command == "status":
         _print_status(queue, as_json=args.json)
+    elif args.command == "metrics":
+        _print_metrics(queue, as_json=args.json)
     elif args.command == "redrive":
         queue.redrive(args.event_id)
-        print(f"{args.event_id} is ready again (attempts reset, generation kept)")
+        _say(f"{args.event_id} is ready again (attempts reset, generation kept)")
     return 0
+
+
+def _work(queue: Queue, handler: Handler, batch_size: int) -> int:
+    """Drain; Ctrl-C or SIGTERM ends the loop once the current message is settled."""
+    with _StopRequest() as stop:
+        outcomes = drain(queue, handler, batch_size=batch_size, stop=stop.requested,
+                         on_outcome=lambda outcome: _say(str(outcome)))
+    if stop.signal is not None:
+        print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
+              "every finished message is committed: run work again to go on", file=sys.stderr)
+        return EXIT_SIGNAL[stop.signal]
+    _say(f"nothing left to claim at t={queue.clock.now()} ({len(outcomes)} processed)")
+    return 0
+
+
+class _StopRequest:
+    """While entered, SIGINT and SIGTERM only note a request that the worker
+    loop reads between messages, so no message is left half-done by them."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def __enter__(self) -> "_StopRequest":
+        self._previous = {signum: signal.signal(signum, self._note) for signum in EXIT_SIGNAL}
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.signal = self.signal or signum
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
 def _print_status(queue: Queue, *, as_json: bool) -> None:
     status = queue.status()
     if as_json:
-        print(json.dumps(status.as_dict(), sort_keys=False))
+        _say(json.dumps(status.as_dict(), sort_keys=False))
         return
-    print("states:  " + ", ".join(f"{name} {n}" for name, n in status.states.items()))
-    print(f"effects: {status.effects}")
+    _say("states:  " + ", ".join(f"{name} {n}" for name, n in status.states.items()))
+    _say(f"effects: {status.effects}")
     for category, cents in status.totals.items():
-        print(f"  {category:<8}{cents:>12}")
-    print(f"total:   {status.total}")
+        _say(f"  {category:<8}{cents:>12}")
+    _say(f"total:   {status.total}")
+
+
+def _print_metrics(queue: Queue, *, as_json: bool) -> None:
+    metrics = queue.metrics()
+    figures = {"at": metrics.at, "depth": dict(metrics.depth),
+               "oldest_ready_age": metrics.oldest_ready_age,
+               "expired_leases": metrics.expired_leases,
+               "dead_attempts": dict(metrics.dead_attempts)}
+    if as_json:
+        _say(json.dumps(figures))
+        return
+    for name, value in figures.items():
+        _say(f"{name + ':':<18}{value}")
+
+
+def _say(text: str) -> None:
+    """Print one line now: a reader sees each outcome as soon as it is committed."""
+    print(text, flush=True)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _refusal(exc: QueueError) -> str:

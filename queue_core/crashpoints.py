@@ -24,11 +24,14 @@ Crash points, in the order a message meets them:
 =============================  ==========================================
 
 ``complete.between_transactions`` is reached only by the deliberately broken
-protocols of ``queue_core.naive``, which split the effect and the ACK into two
-transactions: the first has committed, the second has not begun.
+protocols of ``queue_core.lab.contrasts``, which split the effect and the ACK
+into two transactions: the first has committed, the second has not begun.
 
-``POINTS`` lists them all; ``arm`` refuses any other name, so a typo in a
-test or a child spec fails loudly instead of never crashing.
+``PROTOCOL_POINTS`` lists the protocol's own points in that order,
+``POINTS`` adds the contrasts' one in its place (the crash sweep derives its
+rows from it); ``arm``
+refuses any other name, so a typo in a test or a child spec fails loudly
+instead of never crashing.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from __future__ import annotations
 import os
 
 CRASH_EXIT_CODE = 86
-POINTS = (
+PROTOCOL_POINTS = (
     "claim.after_begin",
     "claim.after_select",
     "claim.before_commit",
@@ -49,8 +52,12 @@ POINTS = (
     "fail.after_begin",
     "fail.before_commit",
     "fail.after_commit",
-    "complete.between_transactions",
 )
+BETWEEN_TRANSACTIONS = "complete.between_transactions"
+# Every point in the order a message meets it; the contrasts' one sits between
+# the first transaction's commit and the second's.
+POINTS = tuple(point for name in PROTOCOL_POINTS for point in (
+    (BETWEEN_TRANSACTIONS, name) if name == "complete.after_commit" else (name,)))
 
 _armed: str | None = None
 _arrivals_left = 1

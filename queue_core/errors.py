@@ -91,3 +91,15 @@ class IntegrityViolation(QueueError):
     """A constraint of the schema refused a write (a second line of defence)."""
 
     code = "integrity_violation"
+
+
+class UnusableFile(QueueError):
+    """The file cannot be used as a queue, and nothing was written to it.
+
+    ``code`` is ``not_a_queue`` (another application's database),
+    ``schema_too_new``, ``not_a_database`` (not SQLite, or truncated) or
+    ``no_queue_file`` (a reading command found no queue to read).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message, code=code)

@@ -49,8 +49,17 @@ class Handler:
             raise InvalidPayload(f"amount_cents must be 1..{MAX_AMOUNT_CENTS}, got {amount}")
         return Effect(category, amount)
 
+    def fault(self, conn: sqlite3.Connection, event_id: str) -> None:
+        """Raise ``TransientError`` here to fail this attempt; by default, never.
+
+        Called first by ``apply`` (and by anything that computes an effect
+        the protocol's way): a hook for a handler whose dependency can be
+        busy. The course's ``FlakyHandler`` fails chosen attempts here.
+        """
+
     def apply(self, conn: sqlite3.Connection, event_id: str, payload: Any) -> Effect:
         """Write the effect with ``conn``, inside the caller's open transaction."""
+        self.fault(conn, event_id)
         effect = self.effect_of(payload)
         conn.execute("INSERT INTO effects (event_id, category, amount_cents) VALUES (?, ?, ?)",
                      (event_id, effect.category, effect.amount_cents))

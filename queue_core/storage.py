@@ -1,27 +1,40 @@
-"""The SQLite file: one schema text that encodes the state machine, the
-connection settings, and the single write-transaction helper.
+"""The SQLite file: one schema text that encodes the state machine, the mark
+that tells the queue's own files from every other file, the connection
+settings, and the single write-transaction helper.
 
 Every request opens its own connection and closes it in ``finally`` (a
 ``with`` block on a ``sqlite3.Connection`` commits or rolls back but does
 NOT close it). A request is one call, or a whole worker session (see
 ``Queue.session``), whose transactions then share one connection. Nothing
 else in the package says ``BEGIN``.
+
+A queue file carries a mark: ``PRAGMA application_id`` and the schema
+version in ``PRAGMA user_version``. ``prepare`` reads a file's header
+before anything is written (the switch to WAL included) and accepts only a
+missing or empty file, to create, or a file with the queue's own mark: a
+file of another application is left byte for byte as it was.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
+
+from .errors import UnusableFile
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF")
 BUSY_TIMEOUT_SECONDS = 30.0
+APPLICATION_ID = 0x51435545  # "QCUE" in the header's bytes 68-71: this is a queue file
+SCHEMA_VERSION = 1           # PRAGMA user_version of the schema below
 
 # The state checks are written as OR chains, not ``IN ('ready', ...)``: for an
 # IN list of more than two constants SQLite builds a temporary index each time
 # a statement checks a row, which cost more than the rest of a journal INSERT.
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
+CREATE TABLE messages (
     event_id     TEXT PRIMARY KEY
                  CONSTRAINT event_id_shape
                  CHECK (length(event_id) = 5 AND event_id GLOB 'E[0-9][0-9][0-9][0-9]'),
@@ -41,12 +54,12 @@ CREATE TABLE IF NOT EXISTS messages (
 ) STRICT;
 
 -- Claim reads only these rows, in this order: done rows never slow it down.
-CREATE INDEX IF NOT EXISTS messages_ready
+CREATE INDEX messages_ready
     ON messages (available_at, event_id) WHERE state = 'ready';
-CREATE INDEX IF NOT EXISTS messages_leased
+CREATE INDEX messages_leased
     ON messages (lease_until) WHERE state = 'leased';
 
-CREATE TABLE IF NOT EXISTS effects (
+CREATE TABLE effects (
     event_id     TEXT PRIMARY KEY REFERENCES messages (event_id),
     category     TEXT NOT NULL CONSTRAINT category_named CHECK (length(category) > 0),
     amount_cents INTEGER NOT NULL
@@ -56,7 +69,7 @@ CREATE TABLE IF NOT EXISTS effects (
 -- Journal of state changes, written in the same transaction as each change.
 -- Append-only and read whole (plots, audits); no second index, so each
 -- commit writes one journal page, not two. One event's history is a scan.
-CREATE TABLE IF NOT EXISTS transitions (
+CREATE TABLE transitions (
     seq        INTEGER PRIMARY KEY,
     at         INTEGER NOT NULL,
     event_id   TEXT NOT NULL REFERENCES messages (event_id),
@@ -68,7 +81,14 @@ CREATE TABLE IF NOT EXISTS transitions (
                                           OR to_state = 'done' OR to_state = 'dead'),
     generation INTEGER NOT NULL,
     attempts   INTEGER NOT NULL,
-    reason     TEXT NOT NULL
+    reason     TEXT NOT NULL,
+    -- The state machine's edges, and no others, can be journalled.
+    CONSTRAINT legal_edge CHECK (
+        (from_state IS NULL AND to_state = 'ready')                      -- enqueued
+        OR (from_state = 'ready' AND to_state = 'leased')                -- claimed
+        OR (from_state = 'leased' AND (to_state = 'done' OR to_state = 'ready'
+                                       OR to_state = 'dead'))            -- ACK, fail, expiry
+        OR (from_state = 'dead' AND to_state = 'ready'))                 -- redrive
 ) STRICT;
 """
 
@@ -95,6 +115,12 @@ def connect(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> sqlit
     return conn
 
 
+def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """Open a connection that can neither create the file nor write to it."""
+    uri = f"file:{quote(Path(path).resolve().as_posix())}?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+
+
 class transaction:  # noqa: N801 - used like a function: ``with transaction(conn):``
     """Run the body inside ``BEGIN IMMEDIATE``: commit on success, roll back on
     any exception (``BaseException`` included, so an interrupt or an encoding
@@ -103,10 +129,50 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
     ``IMMEDIATE`` takes the write lock before the first read, so choosing a
     row and changing it cannot interleave with another writer.
 
+    ``relaxed=True`` commits this one transaction at ``synchronous=NORMAL``
+    (in WAL mode: its frames are written, not fsynced) and sets the
+    connection back to FULL afterwards. The queue uses it for claims only;
+    see ``Queue.claim_batch`` for why that loses nothing a caller was told.
+
     A class rather than a ``@contextmanager`` generator: a worker enters it
     twice per message, and the generator machinery cost more CPU than the
     statements it wraps.
     """
+
+    __slots__ = ("conn", "relaxed")
+
+    def __init__(self, conn: sqlite3.Connection, *, relaxed: bool = False) -> None:
+        self.conn = conn
+        self.relaxed = relaxed
+
+    def __enter__(self) -> sqlite3.Connection:
+        if self.relaxed:
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._restore()
+            raise
+        return self.conn
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        try:
+            if exc_type is None:
+                self.conn.commit()
+            else:
+                self.conn.rollback()  # the exception propagates: __exit__ returns None
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        if self.relaxed:
+            self.conn.execute("PRAGMA synchronous = FULL")
+
+
+class read_transaction:  # noqa: N801 - used like a function
+    """Run the body inside one read transaction (``BEGIN`` deferred), so every
+    statement in it sees the same committed moment; never takes the write lock."""
 
     __slots__ = ("conn",)
 
@@ -114,26 +180,133 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
         self.conn = conn
 
     def __enter__(self) -> sqlite3.Connection:
-        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute("BEGIN")
         return self.conn
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        if exc_type is None:
-            self.conn.commit()
-        else:
-            self.conn.rollback()  # the exception propagates: __exit__ returns None
+        self.conn.rollback()  # nothing was written: ending the read is all there is to do
 
 
-def create_schema(path: str | os.PathLike[str]) -> None:
-    """Create the tables and indexes if absent, and switch the file to WAL."""
+def prepare(path: str | os.PathLike[str], *, create: bool = True) -> None:
+    """Make ``path`` a usable queue file, or refuse it without writing a byte.
+
+    A file with the queue's mark is used as it is (nothing is written). A
+    missing or empty file is created, if ``create``. Anything else raises
+    ``UnusableFile``: ``not_a_queue`` (another application's database),
+    ``schema_too_new`` (a later version of this package made it),
+    ``not_a_database`` (not SQLite, or truncated) or ``no_queue_file``.
+    """
+    found = inspect(path)
+    if found == "queue":
+        return
+    if not create:
+        raise UnusableFile("no_queue_file", f"{os.fspath(path)}: no queue here yet "
+                           "(enqueue a batch to create one)")
+    _create(path)
+
+
+def inspect(path: str | os.PathLike[str]) -> str:
+    """``queue``, ``new`` (missing or empty) or raise ``UnusableFile``; writes nothing.
+
+    Reads the 100-byte header directly; only a SQLite file without the mark
+    is opened, read-only, to see whether it holds anything at all.
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as file:
+            header = file.read(100)
+        size = os.path.getsize(name)
+    except FileNotFoundError:
+        return "new"
+    except IsADirectoryError:
+        raise UnusableFile("not_a_database", f"{name} is a folder, not a file") from None
+    if not header:
+        return "new"
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+        raise UnusableFile("not_a_database", f"{name} is not a SQLite database; "
+                           "the queue writes only to its own files")
+    application_id = int.from_bytes(header[68:72], "big")
+    if application_id == APPLICATION_ID:
+        return _check_own(name, header, size)
+    if _is_empty_database(name):
+        return "new"
+    raise UnusableFile("not_a_queue", f"{name} is a database of another application "
+                       f"(application_id {application_id}: {_table_names(name)}); "
+                       "the queue writes only to its own files")
+
+
+def _check_own(name: str, header: bytes, size: int) -> str:
+    version = int.from_bytes(header[60:64], "big")
+    if version > SCHEMA_VERSION:
+        raise UnusableFile("schema_too_new", f"{name} has queue schema version {version}; "
+                           f"this version of queue_core knows {SCHEMA_VERSION} (upgrade it)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    valid = header[24:28] == header[92:96] and pages > 0
+    if valid and size < pages * page_size:
+        raise UnusableFile("not_a_database", f"{name} is truncated: its header counts "
+                           f"{pages * page_size} bytes, the file has {size}")
+    return "queue"
+
+
+def _is_empty_database(name: str) -> bool:
+    try:
+        conn = connect_readonly(name)
+        try:
+            return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise UnusableFile("not_a_database", f"{name}: {exc}") from exc
+
+
+def _table_names(name: str) -> str:
+    try:
+        conn = connect_readonly(name)
+        try:
+            names = [row[0] for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 6")]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return "unreadable tables"
+    return "tables " + ", ".join(names) if names else "no tables"
+
+
+def _create(path: str | os.PathLike[str]) -> None:
+    """Create the schema and the mark in one transaction, then switch to WAL.
+
+    Under the write lock the file is looked at again: another process may
+    have created the queue meanwhile (then nothing is done), or written
+    something else (then it is refused and the transaction rolled back).
+    WAL comes last, so a refused file is never switched.
+    """
     conn = connect(path)
     try:
+        with transaction(conn):
+            application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if application_id != APPLICATION_ID:
+                if objects:
+                    raise UnusableFile("not_a_queue", f"{os.fspath(path)} was filled by "
+                                       "another application while the queue was opening it")
+                for statement in _statements(SCHEMA):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
-    except BaseException:
-        if conn.in_transaction:
-            conn.rollback()
-        raise
     finally:
         conn.close()
+
+
+def _statements(script: str) -> list[str]:
+    """Split the schema into statements (``executescript`` would COMMIT first)."""
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    return statements

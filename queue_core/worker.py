@@ -47,21 +47,29 @@ def process_one(queue: Queue, handler: Handler) -> Outcome | None:
 
 
 def drain(queue: Queue, handler: Handler, *, batch_size: int = 1,
-          on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+          on_outcome: Callable[[Outcome], None] | None = None,
+          stop: Callable[[], bool] | None = None) -> list[Outcome]:
     """Process every message due at the queue clock's current time.
 
     With ``batch_size`` above 1, leases are claimed and ACKed in batches
     (``claim_batch``, ``complete_batch``); each is still fenced on its own.
-    ``on_outcome`` sees each outcome as soon as it is final.
+    ``on_outcome`` sees each outcome as soon as it is final; ``stop`` is
+    asked before each claim, and ``True`` ends the loop there (every claimed
+    message has been settled by then).
     """
     with queue.session():
-        return _drain(queue, handler, batch_size, on_outcome)
+        return _drain(queue, handler, batch_size, on_outcome, stop or _never)
+
+
+def _never() -> bool:
+    return False
 
 
 def _drain(queue: Queue, handler: Handler, batch_size: int,
-           on_outcome: Callable[[Outcome], None] | None) -> list[Outcome]:
+           on_outcome: Callable[[Outcome], None] | None,
+           stop: Callable[[], bool]) -> list[Outcome]:
     outcomes: list[Outcome] = []
-    while leases := queue.claim_batch(batch_size):
+    while not stop() and (leases := queue.claim_batch(batch_size)):
         if batch_size == 1:
             batch = [finish(queue, leases[0], handler)]
         else:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from queue_core import Queue, child
-from queue_core.child import collect, open_gate, run_child
+from queue_core import Queue
+from queue_core.lab import child
+from queue_core.lab.child import collect, open_gate, run_child
 
 
 def test_two_gated_workers_drain_twenty_events_each_effect_exactly_once(

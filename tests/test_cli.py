@@ -201,19 +201,22 @@ def test_bad_arguments_exit_2_without_a_traceback(scratch: Path, args: list[str]
     assert not (scratch / "queue.sqlite3").exists()
 
 
-@pytest.mark.parametrize("make", [
-    lambda folder: folder,
-    lambda folder: (folder / "junk.sqlite3").write_text("not a database " * 100) and
-    folder / "junk.sqlite3",
-    lambda folder: folder / "no-such-folder" / "q.sqlite3",
-], ids=["a-directory", "not-a-database", "missing-folder"])
-def test_an_unusable_database_file_is_an_operational_error_exit_1(scratch: Path, make) -> None:
+@pytest.mark.parametrize("make, command, code", [
+    (lambda folder: folder, "status", "not_a_database"),
+    (lambda folder: (folder / "junk.sqlite3").write_text("not a database " * 100) and
+     folder / "junk.sqlite3", "status", "not_a_database"),
+    (lambda folder: folder / "no-such-folder" / "q.sqlite3", "status", "no_queue_file"),
+    (lambda folder: folder / "no-such-folder" / "q.sqlite3", "work", "database_error"),
+], ids=["a-directory", "not-a-database", "missing-folder", "missing-folder-to-create"])
+def test_an_unusable_database_file_is_an_operational_error_exit_1(
+        scratch: Path, make, command: str, code: str) -> None:
     db = make(scratch)
 
-    result = run(scratch, "--db", str(db), "status")
+    result = run(scratch, "--db", str(db), command)
 
     assert result.returncode == 1
-    assert result.stderr.startswith("error: database_error: ")
+    assert result.stderr.startswith(f"error: {code}: ")
+    assert len(result.stderr.splitlines()) == 1
     assert "Traceback" not in result.stderr
 
 

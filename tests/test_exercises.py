@@ -17,8 +17,9 @@ from typing import Any, Callable
 import pytest
 
 from conftest import DATA, read_back, snapshot
-from queue_core import BatchRejected, Handler, Lease, LeaseLost, Queue, drain, finish, exercises
-from queue_core.exercises import NOT_ATTEMPTED, NOT_QUITE, SOLVED, Verdict
+from queue_core import BatchRejected, Handler, Lease, LeaseLost, Queue, drain, finish
+from queue_core.lab import exercises
+from queue_core.lab.exercises import NOT_ATTEMPTED, NOT_QUITE, SOLVED, Verdict
 
 NEW_E0005 = '{"event_id": "E0005", "payload": {"category": "pen", "amount_cents": 2000}}'
 EDIT_E0001 = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 12000}}'

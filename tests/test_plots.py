@@ -17,7 +17,7 @@ from matplotlib.colors import to_hex
 
 from conftest import ROOT
 from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue
-from queue_core.plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame,
+from queue_core.lab.plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame,
                               plot_consumers, plot_metrics, plot_state_machine, plot_timeline,
                               transitions_frame)
 
@@ -53,7 +53,7 @@ def stale_story(queue: Queue, model_clock: ModelClock, handler: Handler) -> tupl
 
 
 def test_importing_the_package_and_its_plots_loads_neither_pandas_nor_matplotlib() -> None:
-    probe = ("import sys, queue_core, queue_core.plots; "
+    probe = ("import sys, queue_core, queue_core.lab.plots; "
              "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             cwd=ROOT, check=True)

@@ -85,7 +85,7 @@ def test_there_is_no_binder_folder_that_would_hide_environment_yml() -> None:
 def test_pyproject_declares_the_package_explicitly_with_its_script_and_test_extra() -> None:
     data = pyproject()
 
-    assert data["tool"]["setuptools"]["packages"] == ["queue_core"]
+    assert data["tool"]["setuptools"]["packages"] == ["queue_core", "queue_core.lab"]
     assert data["project"]["scripts"] == {"queue-core": "queue_core.cli:main"}
     assert data["project"]["requires-python"] == ">=3.11"
     assert {requirement(spec)[0] for spec in data["project"]["optional-dependencies"]["test"]} >= \

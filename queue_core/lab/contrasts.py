@@ -1,8 +1,10 @@
 """Deliberately BROKEN protocols, kept only as teaching contrasts.
 
 Never use these to process real events. Each one removes one safeguard of
-``Queue.complete`` so that the crash sweep (``queue_core.sweep``) can show
-what that safeguard buys:
+``Queue.complete`` so that the crash sweep (``queue_core.lab.sweep``) can show
+what that safeguard buys. Each is a ``Queue`` subclass that overrides only
+public hooks the engine offers for it (``complete``, ``fail``, ``fence``,
+``transaction``, ``write_journal``, ``Handler.fault``):
 
 ``mark_then_write``      marks the message ``done``, commits, THEN writes the
                          effect in a second transaction: a crash between the
@@ -19,7 +21,7 @@ what that safeguard buys:
 
 The two split-transaction protocols write their effects to ``naive_ledger``,
 a table with no unique key on ``event_id``, as an ordinary counter or ledger
-has. The real ``effects`` table's primary key is a second line of defence,
+has (the audit reads it too: ``queue_core.audit.CONTRAST_LEDGER``). The real ``effects`` table's primary key is a second line of defence,
 not a replacement for the protocol: leaving it out shows what the protocol
 alone guarantees. Each protocol is a ``Queue`` subclass that overrides only
 what it breaks, so the real worker (``worker.drain``, ``worker.finish``) and
@@ -35,15 +37,15 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .crashpoints import crash_point
-from .errors import IntegrityViolation, LeaseLost, QueueError
-from .handler import Handler
-from .queue import Queue, _journal, backoff_seconds
-from .storage import connect, transaction
-from .values import Effect, Lease, Outcome, State
+from ..audit import CONTRAST_LEDGER
+from ..crashpoints import BETWEEN_TRANSACTIONS, POINTS, PROTOCOL_POINTS, crash_point
+from ..errors import IntegrityViolation, LeaseLost, QueueError
+from ..handler import Handler
+from ..queue import Queue, backoff_seconds, write_journal
+from ..values import Effect, Lease, Outcome, State
 
-LEDGER_SCHEMA = """
-CREATE TABLE IF NOT EXISTS naive_ledger (
+LEDGER_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {CONTRAST_LEDGER} (
     seq          INTEGER PRIMARY KEY,
     event_id     TEXT NOT NULL,
     category     TEXT NOT NULL,
@@ -51,9 +53,8 @@ CREATE TABLE IF NOT EXISTS naive_ledger (
 ) STRICT
 """
 
-CLAIM_POINTS = ("claim.after_begin", "claim.after_select", "claim.before_commit",
-                "claim.after_commit")
-FAIL_POINTS = ("fail.after_begin", "fail.before_commit", "fail.after_commit")
+CLAIM_POINTS = tuple(p for p in PROTOCOL_POINTS if p.startswith("claim."))
+FAIL_POINTS = tuple(p for p in PROTOCOL_POINTS if p.startswith("fail."))
 
 
 @dataclass(frozen=True)
@@ -71,14 +72,10 @@ class Protocol:
         return self.queue_class(path, **options)
 
 
-def create_ledger(path: str | os.PathLike[str]) -> None:
+def create_ledger(queue: Queue) -> None:
     """Create ``naive_ledger`` (no unique key) beside the queue's tables."""
-    conn = connect(path)
-    try:
-        with transaction(conn):
-            conn.execute(LEDGER_SCHEMA)
-    finally:
-        conn.close()
+    with queue.transaction() as conn:
+        conn.execute(LEDGER_SCHEMA)
 
 
 class _Contrast(Queue):
@@ -95,7 +92,7 @@ class _SplitAck(_Contrast):
 
     def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
         super().__init__(path, **options)
-        create_ledger(self.path)
+        create_ledger(self)
 
 
 # -- mark, then write (loses money) ------------------------------------------
@@ -104,14 +101,14 @@ class MarkThenWrite(_SplitAck):
     """BROKEN: the ACK commits before the effect is written."""
 
     def complete(self, lease: Lease, handler: Handler) -> Effect:
-        with self._tx() as conn:
+        with self.transaction() as conn:
             crash_point("complete.after_begin")
             # validate first, as a careful naive worker would
             effect = _effect(conn, self, lease, handler)
             _mark_done(conn, self, lease)
             crash_point("complete.before_commit")
-        crash_point("complete.between_transactions")
-        with self._tx() as conn:
+        crash_point(BETWEEN_TRANSACTIONS)
+        with self.transaction() as conn:
             _write_ledger(conn, lease.event_id, effect)
             crash_point("complete.after_insert")
         crash_point("complete.after_commit")
@@ -124,14 +121,14 @@ class WriteThenMark(_SplitAck):
     """BROKEN: the effect commits before the ACK, in a separate transaction."""
 
     def complete(self, lease: Lease, handler: Handler) -> Effect:
-        with self._tx() as conn:
+        with self.transaction() as conn:
             crash_point("complete.after_begin")
             effect = _effect(conn, self, lease, handler)
             _write_ledger(conn, lease.event_id, effect)
             crash_point("complete.after_insert")
-        crash_point("complete.between_transactions")
-        with self._tx() as conn:
-            self._fenced(conn, lease)
+        crash_point(BETWEEN_TRANSACTIONS)
+        with self.transaction() as conn:
+            self.fence(conn, lease)
             _mark_done(conn, self, lease)
             crash_point("complete.before_commit")
         crash_point("complete.after_commit")
@@ -139,15 +136,13 @@ class WriteThenMark(_SplitAck):
 
 
 def _effect(conn: sqlite3.Connection, queue: Queue, lease: Lease, handler: Handler) -> Effect:
-    payload = queue._fenced(conn, lease)
-    fault = getattr(handler, "inject_fault", None)  # transient faults of a stress handler
-    if fault is not None:
-        fault(conn, lease.event_id)
+    payload = queue.fence(conn, lease)
+    handler.fault(conn, lease.event_id)
     return handler.effect_of(json.loads(payload))
 
 
 def _write_ledger(conn: sqlite3.Connection, event_id: str, effect: Effect) -> None:
-    conn.execute("INSERT INTO naive_ledger (event_id, category, amount_cents) VALUES (?, ?, ?)",
+    conn.execute(f"INSERT INTO {CONTRAST_LEDGER} (event_id, category, amount_cents) VALUES (?, ?, ?)",
                  (event_id, effect.category, effect.amount_cents))
 
 
@@ -155,7 +150,7 @@ def _mark_done(conn: sqlite3.Connection, queue: Queue, lease: Lease) -> None:
     conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
                  "WHERE event_id = ? AND state = 'leased' AND generation = ?",
                  (lease.event_id, lease.generation))
-    _journal(conn, [(queue.clock.now(), lease.event_id, State.LEASED, State.DONE,
+    write_journal(conn, [(queue.clock.now(), lease.event_id, State.LEASED, State.DONE,
                      lease.generation, lease.attempt, "completed")])
 
 
@@ -178,7 +173,7 @@ class NoGenerationCheck(_Contrast):
     ACK, and a stale worker's failure report overrides the current holder."""
 
     def complete(self, lease: Lease, handler: Handler) -> Effect:
-        with self._tx() as conn:
+        with self.transaction() as conn:
             crash_point("complete.after_begin")
             payload = _unfenced(conn, self, lease)
             try:
@@ -190,7 +185,7 @@ class NoGenerationCheck(_Contrast):
             crash_point("complete.after_recheck")
             conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
                          "WHERE event_id = ? AND state = 'leased'", (lease.event_id,))
-            _journal(conn, [(self.clock.now(), lease.event_id, State.LEASED, State.DONE,
+            write_journal(conn, [(self.clock.now(), lease.event_id, State.LEASED, State.DONE,
                              lease.generation, lease.attempt, "completed")])
             crash_point("complete.before_commit")
         crash_point("complete.after_commit")
@@ -198,7 +193,7 @@ class NoGenerationCheck(_Contrast):
 
     def fail(self, lease: Lease, code: str = "transient_error", *,
              permanent: bool = False) -> Outcome:
-        with self._tx() as conn:
+        with self.transaction() as conn:
             crash_point("fail.after_begin")
             _unfenced(conn, self, lease)
             now = self.clock.now()
@@ -208,7 +203,7 @@ class NoGenerationCheck(_Contrast):
                          "last_error = ? WHERE event_id = ? AND state = 'leased'",
                          (to, at, code, lease.event_id))
             reason = code if permanent or not dead else "attempts_exhausted"
-            _journal(conn, [(now, lease.event_id, State.LEASED, State(to), lease.generation,
+            write_journal(conn, [(now, lease.event_id, State.LEASED, State(to), lease.generation,
                              lease.attempt, reason)])
             crash_point("fail.before_commit")
         crash_point("fail.after_commit")
@@ -217,12 +212,8 @@ class NoGenerationCheck(_Contrast):
         return Outcome(lease.event_id, "retry", lease.generation, code, available_at=at)
 
 
-REAL = Protocol("protocol", Queue, CLAIM_POINTS + (
-    "complete.after_begin", "complete.after_insert", "complete.after_recheck",
-    "complete.before_commit", "complete.after_commit") + FAIL_POINTS, broken=False)
-_SPLIT_POINTS = CLAIM_POINTS + (
-    "complete.after_begin", "complete.after_insert", "complete.before_commit",
-    "complete.between_transactions", "complete.after_commit") + FAIL_POINTS
+REAL = Protocol("protocol", Queue, PROTOCOL_POINTS, broken=False)
+_SPLIT_POINTS = tuple(p for p in POINTS if p != "complete.after_recheck")
 PROTOCOLS = {p.name: p for p in (
     REAL,
     Protocol("mark then write", MarkThenWrite, _SPLIT_POINTS, broken=True),

@@ -12,21 +12,13 @@ from pathlib import Path
 from typing import Callable
 
 from .child import ChildResult, run_child
-from .clock import ModelClock
-from .handler import Handler
-from .queue import Queue
-from .values import EnqueueResult, Status
-from .worker import process_one
+from ..clock import ModelClock
+from ..handler import Handler
+from ..queue import Queue
+from ..values import EnqueueResult, Status
+from ..worker import process_one
+from .scenario import DEMO_JSONL, LEASE_SECONDS, START
 
-START = 1000
-LEASE_SECONDS = 2
-DEMO_JSONL = "\n".join([
-    '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}',
-    '{"event_id": "E0001", "payload": {"amount_cents": 10000, "category": "book"}}',
-    '{"event_id": "E0002", "payload": {"category": "pen", "amount_cents": 2000}}',
-    '{"event_id": "E0003", "payload": {"category": "book", "amount_cents": 5000}}',
-    '{"event_id": "E0004", "payload": {"category": "toy", "amount_cents": 3000}}',
-]) + "\n"
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """The crash sweep: kill a real worker at every protocol step, then audit.
 
-For each protocol of ``queue_core.naive`` and each crash point it passes
-through, ``run_sweep`` enqueues the same five events in a fresh database,
+For each protocol of ``queue_core.lab.contrasts`` and each crash point it passes
+through (the rows come from ``queue_core.crashpoints.POINTS``), ``run_sweep`` enqueues the same five events in a fresh database,
 starts a worker process armed to die by ``os._exit`` at that point, lets a
 fresh worker run the queue to completion on the model clock (stepping past
-every lease deadline and backoff), and audits the file: each effect exactly
-once, every message ``done`` or ``dead`` with a reason, ``PRAGMA
-integrity_check`` ok, the money equal to the expected total.
+every lease deadline and backoff), and audits the file with the shared audit
+(``queue_core.audit``): each effect exactly once, every message ``done`` or
+``dead`` with a reason, no stale lease accepted, the money equal to the
+expected total.
 
 Two more steps are schedules rather than crashes, because a slow worker is
 not a dead one: it pauses past its lease, another worker takes the message
@@ -25,30 +26,30 @@ money is right, but a worker whose lease had expired finished the message);
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import tempfile
 import textwrap
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
+from .. import audit as ledger_audit
+from ..clock import ModelClock
+from ..crashpoints import POINTS
+from ..handler import Handler
+from ..queue import Queue
+from ..values import Lease
+from ..worker import drain, finish
 from .child import collect, reap, run_child
-from .clock import ModelClock
-from .handler import Handler
-from .naive import PROTOCOLS, Protocol, create_ledger
-from .queue import Queue
-from .stress import FlakyHandler
-from .values import Lease
-from .worker import drain, finish
+from .contrasts import PROTOCOLS, Protocol, create_ledger
+from .faults import FlakyHandler
+from .scenario import LEASE_SECONDS, START
 
 if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
 
-START = 1000
-LEASE_SECONDS = 2
 BATCH = "\n".join([
     '{"event_id": "E0001", "payload": {"category": "toy", "amount_cents": 3000}}',
     '{"event_id": "E0002", "payload": {"category": "book", "amount_cents": 10000}}',
@@ -61,14 +62,8 @@ EXPECTED_DEAD = {"E0005": "invalid_payload"}
 EXPECTED_TOTAL = sum(EXPECTED_DONE.values())
 ACCEPT = ("toy",)  # the current handler version knows toy; the slow old one does not
 FAULTS = {"first_attempt": ["E0003"]}  # E0003's first attempt fails transiently
-STEPS = (
-    "claim.after_begin", "claim.after_select", "claim.before_commit", "claim.after_commit",
-    "complete.after_begin", "complete.after_insert", "complete.after_recheck",
-    "complete.before_commit", "complete.between_transactions", "complete.after_commit",
-    "fail.after_begin", "fail.before_commit", "fail.after_commit",
-    "stale.ack", "stale.fail",
-)
 SCHEDULES = ("stale.ack", "stale.fail")
+STEPS = POINTS + SCHEDULES
 MAX_ROUNDS = 30
 
 
@@ -127,8 +122,9 @@ def _queue(proto: Protocol, db: Path, clock: ModelClock) -> Queue:
 
 def _fresh(tmp: Path, proto: Protocol, step: str) -> Path:
     db = tmp / f"{proto.name.replace(' ', '_')}-{step}.sqlite3"
-    _queue(proto, db, ModelClock(START)).enqueue_jsonl(BATCH)
-    create_ledger(db)  # every file has one, so the audit reads every file alike
+    queue = _queue(proto, db, ModelClock(START))
+    queue.enqueue_jsonl(BATCH)
+    create_ledger(queue)  # every file has one, so every file is read alike
     return db
 
 
@@ -214,42 +210,36 @@ def _row(proto: Protocol, step: str, db: Path, finished: bool) -> SweepRow:
 
 def audit(db: str | os.PathLike[str], finished: bool = True) -> tuple[str, int, str]:
     """Classify the final file: ``(outcome, money, explanation)``."""
-    conn = sqlite3.connect(db)
-    try:
-        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
-        rows = conn.execute("SELECT event_id, state, generation, last_error FROM messages").fetchall()
-        writes = conn.execute("SELECT event_id, amount_cents FROM effects").fetchall()
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'naive_ledger'").fetchone():
-            writes += conn.execute("SELECT event_id, amount_cents FROM naive_ledger").fetchall()
-        done_by = dict(conn.execute("SELECT event_id, generation FROM transitions "
-                                    "WHERE to_state = 'done' ORDER BY seq"))
-    finally:
-        conn.close()
-    return _classify(integrity, rows, writes, done_by, finished)
+    snap = ledger_audit.snapshot(db)
+    return classify(snap, ledger_audit.check(snap), finished)
 
 
-def _classify(integrity: str, rows: list[tuple[Any, ...]], writes: list[tuple[str, int]],
-              done_by: dict[str, int], finished: bool) -> tuple[str, int, str]:
-    total = sum(amount for _, amount in writes)
-    count = Counter(event_id for event_id, _ in writes)
-    state = {event_id: (s, gen, err) for event_id, s, gen, err in rows}
-    if integrity != "ok":
-        return "corrupt", total, f"integrity_check: {integrity}"
-    twice = sorted(e for e, n in count.items() if n > 1)
+def classify(snap: ledger_audit.Snapshot, findings: Sequence[ledger_audit.Finding],
+             finished: bool) -> tuple[str, int, str]:
+    """Name the worst thing the audit found, and check this scenario's promise."""
+    total, state = snap.money, snap.messages
+    named = {f.name: f for f in findings}
+    if "integrity_check" in named:
+        return "corrupt", total, str(named["integrity_check"])
+    twice = sorted({f.event_id or "" for f in findings if f.name == "effect_written_twice"})
     if twice or total > EXPECTED_TOTAL:
         return "doubled money", total, f"{', '.join(twice)} written twice: {total}"
-    pending = sorted(e for e, (s, _, _) in state.items() if s in ("ready", "leased"))
+    pending = sorted(e for e, m in state.items() if m.state in ("ready", "leased"))
     if pending or not finished:
         return "stuck", total, f"{', '.join(pending)} still pending"
-    missing = sorted(e for e in EXPECTED_DONE if state[e][0] != "done" or count[e] != 1)
+    effects = snap.effects
+    missing = sorted(e for e in EXPECTED_DONE if state[e].state != "done" or e not in effects)
     wrong_dead = sorted(e for e, reason in EXPECTED_DEAD.items()
-                        if (state[e][0], state[e][2]) != ("dead", reason))
+                        if (state[e].state, state[e].last_error) != ("dead", reason))
     if missing or wrong_dead or total != EXPECTED_TOTAL:
-        found = ", ".join(f"{e} {state[e][0]} with {count[e]} effects" for e in missing + wrong_dead)
+        found = ", ".join(f"{e} {state[e].state}" + ("" if e in effects else " without effect")
+                          for e in missing + wrong_dead)
         return "lost money", total, f"{found}: {total}"
-    stale = sorted(e for e, g in done_by.items() if g != state[e][1])
+    stale = sorted({f.event_id or "" for f in findings if f.name == "stale_lease_accepted"})
     if stale:
-        return "stale ACK accepted", total, f"{', '.join(stale)} done by an expired lease"
+        return "stale ACK accepted", total, f"{', '.join(stale)} finished by an expired lease"
+    if findings:
+        return "audit finding", total, "; ".join(str(f) for f in findings[:3])
     return "ok", total, f"every effect once: {total}"
 
 
@@ -267,7 +257,7 @@ def sweep_frame(rows: Sequence[SweepRow]) -> "pandas.DataFrame":
 
 COLOURS = {"ok": "#4daf4a", "lost money": "#e41a1c", "doubled money": "#984ea3",
            "stuck": "#ff7f00", "stale ACK accepted": "#377eb8", "not reached": "#000000",
-           "n/a": "#e0e0e0", "corrupt": "#a65628"}
+           "n/a": "#e0e0e0", "corrupt": "#a65628", "audit finding": "#666666"}
 
 
 def plot_sweep(rows: Sequence[SweepRow], title: str = "Crash sweep: outcome per step and protocol"

@@ -4,7 +4,7 @@ The course's crashes are real: the child is a new Python interpreter that
 dies by ``os._exit`` at a named crash point, so nothing in it gets to clean
 up, and SQLite alone decides what survives.
 
-    python -m queue_core.child '{"db": "...", "now": 1000, "crash_at": "complete.after_insert"}'
+    python -m queue_core.lab.child '{"db": "...", "now": 1000, "crash_at": "complete.after_insert"}'
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .clock import ModelClock, SystemClock
-from .crashpoints import CRASH_EXIT_CODE, arm
-from .handler import Handler
-from .queue import Queue
-from .values import Effect, Outcome
-from .worker import drain, process_one
+from ..clock import ModelClock, SystemClock
+from ..crashpoints import CRASH_EXIT_CODE, arm
+from ..handler import Handler
+from ..values import Effect, Outcome
+from ..worker import drain, process_one
+from .contrasts import protocol
+from .faults import FlakyHandler
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 GATE_TIMEOUT_SECONDS = 30.0
@@ -53,9 +54,9 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
     ``now`` fixes the child's model clock (the system clock if ``None``).
     With ``wait=False`` the running ``Popen`` is returned; pass it to
     ``collect`` to get the ``ChildResult``. ``protocol`` names one of
-    ``queue_core.naive.PROTOCOLS`` (the broken ones are teaching contrasts);
+    ``queue_core.lab.contrasts.PROTOCOLS`` (the broken ones are teaching contrasts);
     ``faults`` configures injected transient faults
-    (``queue_core.stress.FlakyHandler.from_spec``); ``crash_after`` is
+    (``queue_core.lab.faults.FlakyHandler.from_spec``); ``crash_after`` is
     which arrival at ``crash_at`` kills the worker (the first by default).
     With a ``gate`` folder the child starts, opens the database, then waits
     there until ``open_gate`` lets all the waiting children go at once.
@@ -68,7 +69,7 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
             "crash_after": crash_after, "gate": None if gate is None else os.fspath(gate)}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [_PACKAGE_PARENT, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = subprocess.Popen([sys.executable, "-m", "queue_core.child", json.dumps(spec)],
+    proc = subprocess.Popen([sys.executable, "-m", "queue_core.lab.child", json.dumps(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return collect(proc) if wait else proc
 
@@ -136,14 +137,10 @@ def _report(outcome: Outcome) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
     clock = SystemClock() if spec["now"] is None else ModelClock(spec["now"])
-    queue_class = Queue
-    if spec.get("protocol", "protocol") != "protocol":
-        from .naive import protocol  # teaching contrasts only
-        queue_class = protocol(spec["protocol"]).queue_class
+    queue_class = protocol(spec.get("protocol", "protocol")).queue_class
     queue = queue_class(spec["db"], clock=clock, lease_seconds=spec["lease_seconds"])
     handler = Handler().supporting(*spec["accept"])
     if spec.get("faults"):
-        from .stress import FlakyHandler  # lazily: stress starts children itself
         handler = FlakyHandler.from_spec(handler.categories, spec["faults"])
     arm(spec["crash_at"], after=spec.get("crash_after", 1))
     if spec.get("gate"):

@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from .values import Metrics, Outcome, State, Transition
+from ..values import Metrics, Outcome, State, Transition
 
 if TYPE_CHECKING:  # only for annotations: importing them here would defeat the lazy import
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from .queue import Queue
+    from ..queue import Queue
 
 STATE_COLORS = {State.READY: "#4C72B0", State.LEASED: "#DD8452",
                 State.DONE: "#55A868", State.DEAD: "#C44E52"}

@@ -20,23 +20,21 @@ from __future__ import annotations
 
 import os
 import re
-import sqlite3
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable, Mapping
-from urllib.parse import quote
 
-from .clock import ModelClock
-from .crashpoints import CRASH_EXIT_CODE
-from .errors import QueueError
+from ..audit import Snapshot, check, snapshot
+from ..crashpoints import CRASH_EXIT_CODE
+from ..errors import QueueError, UnusableFile
 from .exercise_setup import (E0001_PAYLOAD, STARTS, NaiveRun, fresh, malformed_cases,
                              reference_cases, run_naive_quietly, run_naive_worker,
                              silent_and_transient, start_1, start_2, start_3, start_4, start_5,
                              start_6)
-from .queue import Queue
-from .values import Effect, Lease, Message, Status, Transition
+from ..queue import Queue
+from ..storage import inspect
+from ..values import Effect, Lease, Status
 
 __all__ = [
     "NOT_ATTEMPTED", "NOT_QUITE", "NaiveRun", "SOLVED", "Verdict", "WHY_WHOLE_BATCH",
@@ -71,48 +69,37 @@ class Verdict:
 
 # -- reading what the learner's database holds ------------------------------------
 
-@dataclass(frozen=True)
-class _World:
-    status: Status
-    messages: dict[str, Message]
-    effects: dict[str, Effect]
-    journal: list[Transition]
-
-    def fingerprint(self) -> tuple[Any, ...]:
-        return (len(self.journal), len(self.messages), len(self.effects), self.status.total,
-                tuple(sorted(self.status.states.items())))
-
-
 class _NotAttempted(Exception):
     """Raised inside a check to give the ``not_attempted`` verdict."""
 
 
-def _read(target: Any) -> _World:
-    """Read a queue's stored values without changing them (``target``: Queue or path)."""
+def _read(target: Any) -> Snapshot:
+    """Read a queue's stored facts at one moment, read-only (``target``: Queue or path)."""
     path = target.path if isinstance(target, Queue) else target
     if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
         raise _NotAttempted("pass the queue its start_N() cell returned")
-    conn = sqlite3.connect(f"file:{quote(Path(path).resolve().as_posix())}?mode=ro", uri=True)
     try:
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    finally:
-        conn.close()
-    if not {"messages", "effects", "transitions"} <= tables:
-        raise ValueError("that file is not a queue database")
-    queue = Queue(path, clock=ModelClock(0))
-    return _World(queue.status(), {m.event_id: m for m in queue.messages()}, queue.effects(),
-                  queue.transitions())
+        if inspect(path) != "queue":
+            raise ValueError("that file holds no queue yet")
+    except UnusableFile as exc:
+        raise ValueError(f"that file is not a queue database ({exc.code})") from None
+    return snapshot(path)
+
+
+def _fingerprint(world: Snapshot) -> tuple[Any, ...]:
+    return (len(world.journal), len(world.messages), len(world.effect_rows), world.status.total,
+            tuple(sorted(world.status.states.items())))
 
 
 @lru_cache(maxsize=None)
 def _start_fingerprint(number: int) -> tuple[Any, ...]:
     with tempfile.TemporaryDirectory(prefix="queue-exercise-") as workdir:
-        return _read(STARTS[number](workdir)).fingerprint()
+        return _fingerprint(_read(STARTS[number](workdir)))
 
 
-def _untouched(world: _World, number: int) -> bool:
+def _untouched(world: Snapshot, number: int) -> bool:
     # Exercises 1 to 3 share one start (the reference scenario's end): build it once.
-    return world.fingerprint() == _start_fingerprint(1 if number <= 3 else number)
+    return _fingerprint(world) == _start_fingerprint(1 if number <= 3 else number)
 
 
 def figures(target: Any) -> str:
@@ -131,7 +118,7 @@ def show(queue: Queue) -> None:
 
 # -- comparing ----------------------------------------------------------------------
 
-def _compare(world: _World, total: int, effects: int, states: Mapping[str, int]) -> list[str]:
+def _compare(world: Snapshot, total: int, effects: int, states: Mapping[str, int]) -> list[str]:
     """Money, effect count and every state together: each mismatch as text."""
     wrong = []
     if world.status.total != total:
@@ -145,22 +132,12 @@ def _compare(world: _World, total: int, effects: int, states: Mapping[str, int])
     return wrong
 
 
-def _bypassed(world: _World) -> list[str]:
-    """Rows changed around the protocol: a state the journal never recorded, an
-    effect without a completed message, a done message without its effect."""
-    last: dict[str, Transition] = {t.event_id: t for t in world.journal}
-    wrong = []
-    for event_id, message in world.messages.items():
-        step = last.get(event_id)
-        if step is None or step.to_state != message.state:
-            wrong.append(f"{event_id} is {message.state} but the journal never moved it there "
-                         "(changed around the protocol)")
-        elif (message.state == "done") != (event_id in world.effects):
-            wrong.append(f"{event_id} is {message.state} "
-                         f"{'without' if event_id not in world.effects else 'with'} an effect")
-    wrong += [f"effect of {event_id} has no message" for event_id in world.effects
-              if event_id not in world.messages]
-    return wrong
+def _bypassed(world: Snapshot) -> list[str]:
+    """What the shared audit finds: rows changed around the protocol (an edited
+    effect, an effect written without a worker, a state the journal never
+    recorded). A right total reached that way is not a solution."""
+    return [f"the audit found {finding} (a change made around the protocol; run the "
+            "start cell again and use the queue's calls)" for finding in check(world)]
 
 
 def _refusal(label: str, error: Any, code: str, event_id: str,
@@ -273,7 +250,7 @@ def check_3(queue: Any) -> Verdict:
     return _checked(3, body)
 
 
-def _stale(label: str, part: Any, world: _World, after_redrive: bool) -> list[str]:
+def _stale(label: str, part: Any, world: Snapshot, after_redrive: bool) -> list[str]:
     """What is wrong with a (stalled lease, refusal) pair of exercise 4."""
     if part is None:
         return [f"{label}: expected (stalled lease, refusal), found None"]
@@ -312,15 +289,6 @@ def check_4(queue: Any, before_redrive: Any = None, after_redrive: Any = None) -
     return _checked(4, body)
 
 
-def _rows(path: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(path)
-    try:
-        return [row for table in ("messages", "effects", "transitions")
-                for row in conn.execute(f"SELECT '{table}', * FROM {table} ORDER BY 2")]
-    finally:
-        conn.close()
-
-
 def _as_mapping(found: Any) -> dict[str, int] | None:
     try:
         mapping = dict(found)
@@ -332,12 +300,12 @@ def _as_mapping(found: Any) -> dict[str, int] | None:
 def _trial(fn: Callable[[str], Any], queue: Queue, case: str) -> str | None:
     """Run the learner's metric on one prepared database; what is wrong, or None."""
     expected = dict(queue.metrics().dead_attempts)   # the answer key
-    before = _rows(queue.path)
+    before = snapshot(queue.path)
     try:
         found = fn(queue.path)
     except Exception as exc:  # the learner's function may fail in any way
         return f"on '{case}' your function raised {_plain(exc)}"
-    if _rows(queue.path) != before:
+    if snapshot(queue.path) != before:
         return f"on '{case}' your function changed the database it measures"
     mapping = _as_mapping(found)
     if mapping != expected:

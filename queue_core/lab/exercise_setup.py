@@ -3,7 +3,7 @@ databases of exercise 5, and exercise 6's naive worker process.
 
 Every state is built through the protocol on a fresh file with a model clock;
 every crash is a real process ending by ``os._exit``. ``python -m
-queue_core.exercise_setup SPEC`` is the naive worker's process (see
+queue_core.lab.exercise_setup SPEC`` is the naive worker's process (see
 ``run_naive_worker``). Learners call these through ``queue_core.exercises``.
 """
 
@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .child import run_child
-from .clock import ModelClock
-from .crashpoints import CRASH_EXIT_CODE
-from .demo import DEMO_JSONL, LEASE_SECONDS, START
-from .handler import Handler
-from .queue import Queue
-from .storage import connect, transaction
-from .worker import drain, process_one
+from ..clock import ModelClock
+from ..crashpoints import CRASH_EXIT_CODE
+from ..handler import Handler
+from ..queue import Queue
+from ..worker import drain, process_one
+from .scenario import DEMO_JSONL, LEASE_SECONDS, START
 
 E0001_PAYLOAD = '{"amount_cents":10000,"category":"book"}'  # E0001 as stored (canonical)
 _DEMO_LINES = DEMO_JSONL.splitlines()
@@ -236,7 +235,7 @@ def run_naive_quietly(queue: Queue, steps: tuple[str, ...], crash_after: int) ->
     package_parent = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    done = subprocess.run([sys.executable, "-m", "queue_core.exercise_setup", json.dumps(spec)],
+    done = subprocess.run([sys.executable, "-m", "queue_core.lab.exercise_setup", json.dumps(spec)],
                           capture_output=True, text=True, env=env, check=False)
     report: dict[str, Any] = {"event_id": None, "generation": 0, "committed": 0, "error": None}
     for line in done.stdout.splitlines():
@@ -259,18 +258,16 @@ def naive_worker(spec: dict[str, Any]) -> int:
     print(json.dumps({"event_id": lease.event_id, "generation": lease.generation}), flush=True)
     params = {"event_id": lease.event_id, "generation": lease.generation, "now": spec["now"],
               "category": effect.category, "amount_cents": effect.amount_cents}
-    conn = connect(spec["db"])
     try:
-        for number, sql in enumerate(spec["steps"], start=1):
-            with transaction(conn):     # each step commits on its own: the naive part
-                conn.execute(sql, params)
-            print(json.dumps({"committed": number}), flush=True)
-            if number == spec["crash_after"]:
-                os._exit(CRASH_EXIT_CODE)  # a real death: no finally, no cleanup
+        with queue.session():
+            for number, sql in enumerate(spec["steps"], start=1):
+                with queue.transaction() as conn:  # each step commits on its own: the naive part
+                    conn.execute(sql, params)
+                print(json.dumps({"committed": number}), flush=True)
+                if number == spec["crash_after"]:
+                    os._exit(CRASH_EXIT_CODE)  # a real death: no finally, no cleanup
     except sqlite3.Error as exc:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
-    finally:
-        conn.close()
     return 0
 
 

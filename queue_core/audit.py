@@ -1,0 +1,305 @@
+"""The one reader of stored facts: a consistent snapshot, and what it violates.
+
+``snapshot(path)`` reads everything the queue stores (each message's row,
+every effect, money and counts, the whole journal, SQLite's own checks) in
+ONE read transaction, so nothing it returns mixes two moments. ``check``
+holds a snapshot against the invariants of the protocol and returns named
+findings, none when all holds. ``status``, ``metrics``, the crash sweep, the
+power-loss sweep, the stress run, the benchmark's verification and every
+exercise check read through here; nothing else in the package spells these
+queries.
+
+Findings (``FINDINGS`` lists them with what each means):
+
+``integrity_check``        SQLite's ``PRAGMA integrity_check`` is not ``ok``
+``foreign_key_check``      a row points at a message that does not exist
+``done_without_effect``    a ``done`` message has no effect
+``effect_without_done``    an effect belongs to a message that is not ``done``
+``effect_written_twice``   one event's effect is stored more than once
+``effect_differs``         an effect is not what the handler computes from
+                           the stored payload (an edited effect)
+``money_mismatch``         the stored totals are not the sum of the effects
+``dead_without_reason``    a ``dead`` message has no ``last_error``
+``journal_disagrees``      an event's last journal state is not its stored state
+``illegal_edge``           a journal step is not an edge of the state machine,
+                           or does not start where the previous step ended
+``generation_skipped``     a claim's generation is not the previous one plus 1,
+                           or the stored generation is not the last claim's
+``double_ack``             an event was journalled ``done`` more than once
+``stale_lease_accepted``   a lease that was no longer the newest finished
+                           (ACK or failure) its message
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from .errors import InvalidPayload
+from .handler import Handler
+from .storage import EXPIRED_SELECT, connect_readonly, read_transaction
+from .values import Effect, Message, Metrics, State, Status, Transition
+
+FINDINGS = {
+    "integrity_check": "SQLite's integrity check is not ok",
+    "foreign_key_check": "a row points at a message that does not exist",
+    "done_without_effect": "a done message has no effect",
+    "effect_without_done": "an effect belongs to a message that is not done",
+    "effect_written_twice": "one event's effect is stored more than once",
+    "effect_differs": "an effect is not what the handler computes from the stored payload",
+    "money_mismatch": "the stored totals are not the sum of the effects",
+    "dead_without_reason": "a dead message has no last_error",
+    "journal_disagrees": "an event's last journal state is not its stored state",
+    "illegal_edge": "a journal step is not an edge of the state machine, or skips a step",
+    "generation_skipped": "a claim's generation is not the previous one plus one",
+    "double_ack": "an event was journalled done more than once",
+    "stale_lease_accepted": "a lease that was no longer the newest finished its message",
+}
+
+# The state machine's edges; the schema's ``legal_edge`` CHECK holds the same.
+EDGES = frozenset({(None, State.READY), (State.READY, State.LEASED),
+                   (State.LEASED, State.DONE), (State.LEASED, State.READY),
+                   (State.LEASED, State.DEAD), (State.DEAD, State.READY)})
+
+# A table of effects that the course's broken contrasts write instead of
+# ``effects``; it has no unique key, so the audit can see a double there.
+CONTRAST_LEDGER = "naive_ledger"
+
+_MESSAGE_COLUMNS = ("event_id, payload, state, attempts, generation, available_at, "
+                    "lease_until, last_error")
+_JOURNAL_COLUMNS = "seq, at, event_id, from_state, to_state, generation, attempts, reason"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One violated invariant: its stable ``name`` (a key of ``FINDINGS``),
+    the event it concerns (``None`` for the whole file), and what was found."""
+
+    name: str
+    event_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = f"{self.event_id}: " if self.event_id else ""
+        return f"{self.name}: {where}{self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRow:
+    """One stored effect row; ``table`` is ``effects`` or the contrasts' ledger."""
+
+    event_id: str
+    category: str
+    amount_cents: int
+    table: str = "effects"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a queue file holds, read at one committed moment."""
+
+    status: Status
+    messages: Mapping[str, Message]
+    effect_rows: tuple[EffectRow, ...]
+    journal: tuple[Transition, ...]
+    integrity: tuple[str, ...]
+    foreign_keys: tuple[tuple[Any, ...], ...]
+
+    @property
+    def effects(self) -> dict[str, Effect]:
+        """The effect of each event (the last row where one was written twice)."""
+        return {row.event_id: Effect(row.category, row.amount_cents) for row in self.effect_rows}
+
+    @property
+    def money(self) -> int:
+        """The sum of every effect row, wherever it was written."""
+        return sum(row.amount_cents for row in self.effect_rows)
+
+    def states(self) -> dict[str, str]:
+        """Each event's stored state."""
+        return {event_id: message.state.value for event_id, message in self.messages.items()}
+
+
+# -- reading (the caller holds one read transaction) ----------------------------------
+
+def read_status(conn: sqlite3.Connection) -> Status:
+    """Counts per state, effects and money per category, as stored."""
+    states = {state.value: 0 for state in State}
+    states.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
+    totals = dict(conn.execute("SELECT category, sum(amount_cents) FROM effects "
+                               "GROUP BY category ORDER BY category"))
+    effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
+    return Status(states, effects, totals, sum(totals.values()))
+
+
+def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
+    """Depth by state, age of the oldest due message, expired leases not yet
+    recovered, and the attempts each dead message spent."""
+    depth = read_status(conn).states
+    oldest = conn.execute("SELECT min(available_at) FROM messages "
+                          "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
+    expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED_SELECT})", (now,)).fetchone()[0]
+    dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
+                             "WHERE state = 'dead' ORDER BY event_id"))
+    return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead)
+
+
+def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list[Message]:
+    """Stored messages in event id order, all or the one named."""
+    rows = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages "
+                        "WHERE ? IS NULL OR event_id = ? ORDER BY event_id", (event_id, event_id))
+    return [Message.from_row(row) for row in rows]
+
+
+def read_effects(conn: sqlite3.Connection) -> list[EffectRow]:
+    """Every stored effect row, the contrasts' ledger included where it exists."""
+    rows = [EffectRow(*row) for row in conn.execute(
+        "SELECT event_id, category, amount_cents FROM effects ORDER BY event_id")]
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                    (CONTRAST_LEDGER,)).fetchone():
+        rows += [EffectRow(*row, table=CONTRAST_LEDGER) for row in conn.execute(
+            f"SELECT event_id, category, amount_cents FROM {CONTRAST_LEDGER} ORDER BY seq")]
+    return rows
+
+
+def read_journal(conn: sqlite3.Connection, event_id: str | None = None) -> list[Transition]:
+    """The journal of state changes in order, for one event or all."""
+    rows = conn.execute(f"SELECT {_JOURNAL_COLUMNS} FROM transitions "
+                        "WHERE ? IS NULL OR event_id = ? ORDER BY seq", (event_id, event_id))
+    return [Transition(seq, at, eid, State(src) if src else None, State(dst), gen, att, why)
+            for seq, at, eid, src, dst, gen, att, why in rows]
+
+
+def snapshot(path: str | os.PathLike[str]) -> Snapshot:
+    """Read every stored fact of the queue file ``path`` in ONE read transaction.
+
+    Opens the file read-only: a snapshot never creates a file, never takes
+    the write lock and never recovers anything.
+    """
+    conn = connect_readonly(path)
+    try:
+        with read_transaction(conn):
+            return Snapshot(
+                status=read_status(conn),
+                messages={m.event_id: m for m in read_messages(conn)},
+                effect_rows=tuple(read_effects(conn)),
+                journal=tuple(read_journal(conn)),
+                integrity=tuple(row[0] for row in conn.execute("PRAGMA integrity_check")),
+                foreign_keys=tuple(conn.execute("PRAGMA foreign_key_check")))
+    finally:
+        conn.close()
+
+
+# -- checking ---------------------------------------------------------------------------
+
+def check(snap: Snapshot) -> list[Finding]:
+    """Every invariant the snapshot violates, as named findings (none: all holds)."""
+    return [*_sqlite_checks(snap), *_effect_checks(snap), *_money_checks(snap),
+            *_journal_checks(snap)]
+
+
+def findings(path: str | os.PathLike[str]) -> list[Finding]:
+    """``check(snapshot(path))``: the findings of the file as it stands now."""
+    return check(snapshot(path))
+
+
+def _sqlite_checks(snap: Snapshot) -> Iterable[Finding]:
+    if snap.integrity != ("ok",):
+        yield Finding("integrity_check", None, "; ".join(snap.integrity)[:300])
+    for table, rowid, parent, _ in snap.foreign_keys:
+        yield Finding("foreign_key_check", None, f"{table} row {rowid} points at a missing {parent}")
+
+
+def _effect_checks(snap: Snapshot) -> Iterable[Finding]:
+    written = Counter(row.event_id for row in snap.effect_rows)
+    for event_id, message in snap.messages.items():
+        if message.state == State.DONE and not written[event_id]:
+            yield Finding("done_without_effect", event_id, "done, but no effect is stored")
+        if message.state == State.DEAD and message.last_error is None:
+            yield Finding("dead_without_reason", event_id, "dead, but last_error is empty")
+    for event_id, count in sorted(written.items()):
+        message = snap.messages.get(event_id)
+        if message is None or message.state != State.DONE:
+            found = "no message" if message is None else f"a {message.state} message"
+            yield Finding("effect_without_done", event_id, f"an effect belongs to {found}")
+        if count > 1:
+            yield Finding("effect_written_twice", event_id, f"{count} effect rows")
+    for row in snap.effect_rows:
+        message = snap.messages.get(row.event_id)
+        if message is not None:
+            yield from _effect_matches(row, message)
+
+
+def _effect_matches(row: EffectRow, message: Message) -> Iterable[Finding]:
+    stored = Effect(row.category, row.amount_cents)
+    try:
+        # Whichever handler version wrote it knew this category; the amount
+        # and the category must still be the payload's own.
+        expected = Handler({row.category}).effect_of(json.loads(message.payload))
+    except InvalidPayload as exc:
+        yield Finding("effect_differs", row.event_id,
+                      f"effect {stored.category} {stored.amount_cents}, but the payload: {exc}")
+        return
+    if expected != stored:
+        yield Finding("effect_differs", row.event_id,
+                      f"effect {stored.category} {stored.amount_cents}, payload says "
+                      f"{expected.category} {expected.amount_cents}")
+
+
+def _money_checks(snap: Snapshot) -> Iterable[Finding]:
+    rows = [row for row in snap.effect_rows if row.table == "effects"]
+    totals: Counter[str] = Counter()
+    for row in rows:
+        totals[row.category] += row.amount_cents
+    if dict(totals) != dict(snap.status.totals) or len(rows) != snap.status.effects:
+        yield Finding("money_mismatch", None, f"stored totals {dict(snap.status.totals)} over "
+                      f"{snap.status.effects} effects; the effect rows sum to {dict(totals)} "
+                      f"over {len(rows)}")
+    counted = Counter(message.state.value for message in snap.messages.values())
+    if any(counted[state] != n for state, n in snap.status.states.items()):
+        yield Finding("money_mismatch", None, f"state counts {dict(snap.status.states)} "
+                      f"differ from the rows {dict(counted)}")
+
+
+def _journal_checks(snap: Snapshot) -> Iterable[Finding]:
+    steps: dict[str, list[Transition]] = {}
+    for step in snap.journal:
+        steps.setdefault(step.event_id, []).append(step)
+    for event_id, message in snap.messages.items():
+        yield from _one_history(message, steps.get(event_id, []))
+    for event_id in sorted(set(steps) - set(snap.messages)):
+        yield Finding("journal_disagrees", event_id, "journalled, but no message is stored")
+
+
+def _one_history(message: Message, steps: list[Transition]) -> Iterable[Finding]:
+    """Walk one event's journal: legal, continuous edges; claims that count
+    generations one by one; one ACK; every exit from ``leased`` by the newest lease."""
+    event_id, previous, claimed, acks = message.event_id, None, 0, 0
+    for step in steps:
+        if (step.from_state, step.to_state) not in EDGES or step.from_state != previous:
+            yield Finding("illegal_edge", event_id,
+                          f"step {step.seq} {step.from_state or 'new'} -> {step.to_state} "
+                          f"after {previous or 'nothing'}")
+        if step.to_state == State.LEASED:
+            if step.generation != claimed + 1:
+                yield Finding("generation_skipped", event_id, f"claim at step {step.seq} "
+                              f"has generation {step.generation} after {claimed}")
+            claimed = step.generation
+        elif step.from_state == State.LEASED and step.generation != claimed:
+            yield Finding("stale_lease_accepted", event_id,
+                          f"step {step.seq} ({step.reason}) by generation {step.generation}, "
+                          f"newest lease {claimed}")
+        acks += step.to_state == State.DONE
+        previous = step.to_state
+    if previous != message.state:
+        yield Finding("journal_disagrees", event_id, f"stored {message.state}, journal ends "
+                      f"at {previous or 'nothing'}")
+    if message.generation != claimed:
+        yield Finding("generation_skipped", event_id, f"stored generation {message.generation}, "
+                      f"the journal's last claim {claimed}")
+    if acks > 1:
+        yield Finding("double_ack", event_id, f"journalled done {acks} times")

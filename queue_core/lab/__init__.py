@@ -1,0 +1,34 @@
+"""The course's lab: everything the notebooks use to show the engine at work.
+
+The engine (``queue_core``) holds the protocol and its public API; the lab
+sits above it and adds what a course needs and a worker does not: real
+worker processes that crash on purpose (``child``), deliberately broken
+protocols kept as contrasts (``contrasts``), a handler with injected faults
+(``faults``), the reference scenario (``scenario``, ``demo``), the crash
+sweep (``sweep``), the stress run (``stress``), the exercises and their
+checks (``exercises``, ``exercise_setup``) and the pictures (``plots``).
+
+Importing the lab does not import pandas or matplotlib; a plot imports them
+when it is drawn. Notebooks import these public names:
+
+    from queue_core.lab import run_child, plot_timeline, transitions_frame
+"""
+
+from .child import ChildResult, collect, open_gate, reap, run_child
+from .contrasts import PROTOCOLS, REAL, Protocol, protocol
+from .demo import DemoReport, run_demo, run_scenario
+from .faults import FlakyHandler
+from .plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame, plot_consumers,
+                    plot_metrics, plot_state_machine, plot_timeline, transitions_frame)
+from .scenario import DEMO_JSONL, LEASE_SECONDS, START
+from .stress import StressReport, run_stress
+from .sweep import SCHEDULES, STEPS, SweepRow, plot_sweep, run_sweep, sweep_frame
+
+__all__ = [
+    "ChildResult", "DEMO_JSONL", "DemoReport", "FlakyHandler", "LEASE_SECONDS", "Mark",
+    "PROTOCOLS", "Protocol", "REAL", "SCHEDULES", "START", "STATE_COLORS", "STEPS", "StressReport",
+    "SweepRow", "collect", "consumers_frame", "mark", "metrics_frame", "open_gate",
+    "plot_consumers", "plot_metrics", "plot_state_machine", "plot_sweep", "plot_timeline",
+    "protocol", "reap", "run_child", "run_demo", "run_scenario", "run_stress", "run_sweep",
+    "sweep_frame", "transitions_frame",
+]
