@@ -16,7 +16,7 @@ Importing either does not import pandas or matplotlib.
 
 from .clock import Clock, ModelClock, SystemClock
 from .crashpoints import CRASH_EXIT_CODE
-from .audit import FINDINGS, Finding, Snapshot
+from .audit import Finding, Snapshot
 from .errors import (BatchConflict, BatchRejected, IntegrityViolation, InvalidPayload,
                      LeaseLost, NotRedrivable, QueueError, TransientError, UnknownEvent,
                      UnusableFile)
@@ -30,7 +30,7 @@ from .worker import drain, finish, process_one
 __version__ = "1.1.0"
 
 __all__ = [
-    "FINDINGS", "Finding", "Snapshot", "UnusableFile",
+    "Finding", "Snapshot", "UnusableFile",
     "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "DEFAULT_CATEGORIES",
     "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation", "InvalidPayload",
     "Lease", "LeaseLost", "Message", "Metrics", "ModelClock", "NotRedrivable", "Outcome", "Queue",
