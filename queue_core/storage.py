@@ -252,8 +252,16 @@ def _check_own(name: str, header: bytes, size: int) -> str:
 
 
 def _is_empty_database(name: str) -> bool:
+    """Whether a SQLite file without the mark holds nothing at all.
+
+    Read through ``immutable=1``, which opens no ``-wal`` or ``-shm`` file
+    beside it; a non-empty WAL beside the file counts as content.
+    """
+    wal = Path(f"{name}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return False
     try:
-        conn = connect_readonly(name)
+        conn = _connect_immutable(name)
         try:
             return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
         finally:
@@ -264,7 +272,7 @@ def _is_empty_database(name: str) -> bool:
 
 def _table_names(name: str) -> str:
     try:
-        conn = connect_readonly(name)
+        conn = _connect_immutable(name)
         try:
             names = [row[0] for row in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 6")]
@@ -273,6 +281,11 @@ def _table_names(name: str) -> str:
     except sqlite3.DatabaseError:
         return "unreadable tables"
     return "tables " + ", ".join(names) if names else "no tables"
+
+
+def _connect_immutable(name: str) -> sqlite3.Connection:
+    uri = f"file:{quote(Path(name).resolve().as_posix())}?mode=ro&immutable=1"
+    return sqlite3.connect(uri, uri=True, isolation_level=None)
 
 
 def _create(path: str | os.PathLike[str]) -> None:
