@@ -299,6 +299,19 @@ def peer_report(results: dict[str, Any]) -> list[str]:
                      f"{peer['vs_raw']:>7.2f}{e2e['single'] / peer['vs_raw']:>10.2f}"
                      f"{e2e['batch_100'] / peer['vs_raw']:>9.2f}  "
                      + (describe(probe) if probe else ""))
+    durable = [peer for peer in results["peers"] if peer["synchronous"] in ("FULL", "EXTRA")]
+    if durable:
+        best = max(durable, key=lambda peer: peer["vs_raw"])
+        lines.append(f"for scale, no target: against the fastest peer that syncs every commit "
+                     f"as ours does ({best['peer']} {best['variant']}, synchronous="
+                     f"{best['synchronous']}): single {e2e['single'] / best['vs_raw']:.2f}, "
+                     f"K=100 {e2e['batch_100'] / best['vs_raw']:.2f}")
+    normal = [peer for peer in results["peers"] if peer["synchronous"] == "NORMAL"]
+    if normal and "single_normal" in e2e:
+        best = max(normal, key=lambda peer: peer["vs_raw"])
+        lines.append(f"for scale, no target: our single message at synchronous=NORMAL (the "
+                     f"option) against {best['peer']} {best['variant']}, also NORMAL: "
+                     f"{e2e['single_normal'] / best['vs_raw']:.2f}")
     lines.append("what each ack means:")
     seen = set()
     for peer in results["peers"]:
