@@ -21,6 +21,15 @@ trade, single-message mode at ``synchronous=NORMAL``. After every slice the
 database is checked: each done event has exactly one effect, no effect
 without a done event, the money equals the sum of the payloads. A failed
 check makes the exit code 1; a ratio below its target is printed as such.
+
+Why not use a library? The full run also puts the SQLite queues a Python
+user would pick (``peers.py``: persist-queue, litequeue, huey's SQLite
+storage; ``pip install -e '.[bench]'``) into the same rounds, each on its
+own defaults, with its pragmas read back; each does put + get + ack per
+message, so it is compared with our end-to-end figures (enqueue, claim,
+ACK). Then ``peer_safety.py`` runs two consumer processes and a crashing
+consumer against each of them and against ours; ours must show no
+duplicate, no missing item and a crashed item delivered again.
 """
 
 from __future__ import annotations
@@ -42,12 +51,18 @@ if str(HERE) not in sys.path:  # the cases live next to this file
 
 from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd, QueueSize,  # noqa: E402
                          RawCommits, Slice, Worker)
+from peer_safety import describe, probe_all  # noqa: E402
+from peers import PeerCase, PeerWorker, build_peer_cases, missing_peers  # noqa: E402
 
 TARGETS = {  # name: (numerator, denominator, minimum ratio); "size_max" is the largest queue
     "single vs raw commit": ("single", "raw", 0.45),
     "K=100 vs single": ("batch_100", "single", 10.0),
     "largest queue vs 1k": ("size_max", "size_1000", 0.8),
     "2 workers vs 1": ("two_workers", "single", 0.8),
+    # end to end (enqueue + claim + ACK against put + get + ack); the fastest
+    # peer is the fastest of every peer's variants, batched ones included
+    "single vs fastest peer": ("e2e:single", "e2e:fastest_peer", 1.0),
+    "K=100 vs fastest peer": ("e2e:batch_100", "e2e:fastest_peer", 5.0),
 }
 MEMORY_LIMIT_MB = 150.0
 
@@ -65,13 +80,14 @@ class Plan:
     k10: int
     k100: int
     sizes: tuple[int, ...]
-    full: bool  # also 2 workers, single-message drain, NORMAL, and the memory check
+    full: bool  # also 2 workers, single-message drain, NORMAL, the memory check and the peers
 
 
 FULL = Plan(rounds=12, budget_s=120.0, raw=40, single=100, k10=400, k100=2000,
             sizes=(1_000, 10_000, 100_000), full=True)
 QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
              sizes=(1_000, 10_000), full=False)
+SAFETY_ITEMS, SAFETY_ROUNDS = 200, 3  # per two-consumer round of the safety probe
 
 
 def same_file_system_dir() -> Path:
@@ -81,8 +97,10 @@ def same_file_system_dir() -> Path:
     return tmp if os.stat(tmp).st_dev == os.stat(ROOT).st_dev else ROOT / "benchmarks"
 
 
-def build_cases(workdir: Path, plan: Plan, pool: list[Worker]) -> Iterator[Case]:
-    """The cases; all but the two-worker one share the first worker process."""
+def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
+                peer_worker: PeerWorker | None = None) -> Iterator[Case]:
+    """The cases; all but the two-worker one share the first worker process;
+    the peers share a process of their own."""
     n, one = plan.single, pool[:1]
     yield BareProtocol(workdir, n)
     if plan.full:
@@ -98,6 +116,8 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker]) -> Iterator[Case]
     if plan.full:
         yield EndToEnd("single_normal", "single message, synchronous=NORMAL (option)",
                        workdir, n, op="drain", sync="NORMAL", workers=one)
+    if peer_worker is not None:
+        yield from build_peer_cases(workdir, n, peer_worker)
 
 
 def run(quick: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -105,16 +125,21 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None) -> dict[s
 
     Each round runs every case once (the first one rotates), with a slice of
     raw commits between any two slices. Raises ``CheckFailed`` as soon as a
-    slice leaves the database without exactly one effect per done event.
+    slice leaves the database without exactly one effect per done event, or
+    when the safety probe finds our queue delivering an item twice, never, or
+    not again after a crash. The full run adds the installed peers and the
+    safety probe (``results["peers"]``, ``results["safety"]``).
     """
     plan = QUICK if quick else FULL
     say = log or (lambda text: None)
     with tempfile.TemporaryDirectory(prefix="queue-bench-", dir=same_file_system_dir()) as tmp:
         raw = RawCommits(Path(tmp), plan.raw)
         pool = [Worker() for _ in range(2 if plan.full else 1)]
+        peer_worker = PeerWorker() if plan.full else None
         cases: list[Case] = []
+        safety: dict[str, dict[str, Any]] = {}
         try:
-            cases.extend(build_cases(Path(tmp), plan, pool))
+            cases.extend(build_cases(Path(tmp), plan, pool, peer_worker))
             say(f"{len(cases)} cases and the raw limit in {tmp}; {plan.rounds} rounds")
             before = raw.slice()
             raw.slices.append(before)
@@ -130,30 +155,55 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None) -> dict[s
                     limit = (_rate(before) + _rate(after)) / 2
                     case.slices.append(measured)
                     case.relative.append(_rate(measured) / limit)
+                    case.relative_total.append(measured.messages / measured.total_s / limit)
                     before = after
                 say(f"round {round_no + 1}/{plan.rounds} done")
             memory = None
             if plan.full:
                 largest = max((c for c in cases if isinstance(c, QueueSize)), key=lambda c: c.size)
                 memory = largest.peak_rss_after_draining()
+                say(f"safety probe: {SAFETY_ROUNDS} rounds of two consumer processes on "
+                    f"{SAFETY_ITEMS} items, and a crash, per queue")
+                (Path(tmp) / "safety").mkdir()
+                safety = probe_all(Path(tmp) / "safety", SAFETY_ITEMS, SAFETY_ROUNDS)
+                check_our_safety(safety["queue_core"])
         finally:
             for case in (raw, *cases):
                 case.close()
             for worker in pool:
                 worker.close()
-    return summarise(raw, cases, memory)
+            if peer_worker is not None:
+                peer_worker.close()
+    return summarise(raw, cases, memory, safety, missing_peers() if plan.full else [])
+
+
+def check_our_safety(result: dict[str, Any]) -> None:
+    """Raise ``CheckFailed`` unless our queue delivered every item exactly once
+    to the two consumers and delivered the crashed consumer's item again."""
+    if any(result["duplicates"]) or any(result["missing"]) or result["errors"] \
+            or result["crash"] != "redelivered" or result["others_missing"]:
+        raise CheckFailed(f"safety probe of queue_core: {describe(result)}; {result}")
 
 
 def _rate(measured: Slice) -> float:
     return measured.messages / measured.consume_s
 
 
-def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None) -> dict[str, Any]:
+def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None,
+              safety: dict[str, dict[str, Any]] | None = None,
+              missing: list[str] | None = None) -> dict[str, Any]:
     """Medians per case and the target ratios, all from this run."""
     vs_raw = {case.name: case.vs_raw() for case in cases}
     vs_raw["raw"] = 1.0
+    e2e_vs_raw = {case.name: case.end_to_end_vs_raw() for case in cases}
+    e2e_vs_raw["raw"] = 1.0
     largest = max(case.size for case in cases if isinstance(case, QueueSize))
     lookup = dict(vs_raw, size_max=vs_raw[f"size_{largest}"])
+    lookup.update({f"e2e:{name}": value for name, value in e2e_vs_raw.items()})
+    peers = [dict(case.info(), name=case.name, label=case.label, rate=case.end_to_end(),
+                  vs_raw=e2e_vs_raw[case.name]) for case in cases if isinstance(case, PeerCase)]
+    if peers:
+        lookup["e2e:fastest_peer"] = max(peer["vs_raw"] for peer in peers)
     ratios = {name.replace("largest queue", f"{largest:,} queued"): (lookup[top] / lookup[bottom],
                                                                     minimum)
               for name, (top, bottom, minimum) in TARGETS.items()
@@ -171,6 +221,10 @@ def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None) ->
         "memory": memory,
         "parent_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "raw_range": (min(map(_rate, raw.slices)), max(map(_rate, raw.slices))),
+        "e2e_vs_raw": e2e_vs_raw,
+        "peers": peers,
+        "peers_missing": missing or [],
+        "safety": safety or {},
     }
 
 
@@ -213,6 +267,57 @@ def report(results: dict[str, Any]) -> list[str]:
     lines.append(f"explicit option, not the default: synchronous=NORMAL runs {normal:.1f}x "
                  "FULL here; in WAL mode it skips the fsync at each commit, so a power loss "
                  "(not a process crash) may lose the last commits")
+    return lines + peer_report(results)
+
+
+def peer_report(results: dict[str, Any]) -> list[str]:
+    """The peers beside ours, end to end, with their pragmas and safety figures."""
+    lines: list[str] = []
+    if results["peers_missing"]:
+        lines.append(f"peers not installed, so not compared: {', '.join(results['peers_missing'])}"
+                     " (pip install -e '.[bench]'; make bench does)")
+    if not results["peers"]:
+        return lines
+    e2e, safety = results["e2e_vs_raw"], results["safety"]
+    lines += ["", "peers, each on its own defaults (pragmas read back from its connection); "
+              "end to end: put + get + ack per message against our enqueue + claim + ACK;",
+              "x raw = end-to-end rate against the raw commits around it; single/it, "
+              "K=100/it = our end-to-end figure over the peer's",
+              f"{'queue':<26}{'version':>8}{'journal':>8}{'sync':>8}{'msgs/s':>8}{'x raw':>7}"
+              f"{'single/it':>10}{'K=100/it':>9}  safety"]
+    ours = [("queue_core single", "single"), ("queue_core K=100", "batch_100")]
+    for label, name in ours:
+        probe = safety.get("queue_core", {})
+        lines.append(f"{label:<26}{'':>8}{probe.get('journal_mode', ''):>8}"
+                     f"{probe.get('synchronous', ''):>8}"
+                     f"{results['end_to_end'][name]:>8.0f}{e2e[name]:>7.2f}{'':>10}{'':>9}  "
+                     + (describe(probe) if probe and name == "single" else ""))
+    for peer in results["peers"]:
+        probe = safety.get(peer["peer"])
+        lines.append(f"{peer['peer'] + ' ' + peer['variant']:<26}{peer['version']:>8}"
+                     f"{peer['journal_mode']:>8}{peer['synchronous']:>8}{peer['rate']:>8.0f}"
+                     f"{peer['vs_raw']:>7.2f}{e2e['single'] / peer['vs_raw']:>10.2f}"
+                     f"{e2e['batch_100'] / peer['vs_raw']:>9.2f}  "
+                     + (describe(probe) if probe else ""))
+    durable = [peer for peer in results["peers"] if peer["synchronous"] in ("FULL", "EXTRA")]
+    if durable:
+        best = max(durable, key=lambda peer: peer["vs_raw"])
+        lines.append(f"for scale, no target: against the fastest peer that syncs every commit "
+                     f"as ours does ({best['peer']} {best['variant']}, synchronous="
+                     f"{best['synchronous']}): single {e2e['single'] / best['vs_raw']:.2f}, "
+                     f"K=100 {e2e['batch_100'] / best['vs_raw']:.2f}")
+    normal = [peer for peer in results["peers"] if peer["synchronous"] == "NORMAL"]
+    if normal and "single_normal" in e2e:
+        best = max(normal, key=lambda peer: peer["vs_raw"])
+        lines.append(f"for scale, no target: our single message at synchronous=NORMAL (the "
+                     f"option) against {best['peer']} {best['variant']}, also NORMAL: "
+                     f"{e2e['single_normal'] / best['vs_raw']:.2f}")
+    lines.append("what each ack means:")
+    seen = set()
+    for peer in results["peers"]:
+        if peer["peer"] not in seen:
+            seen.add(peer["peer"])
+            lines.append(f"  {peer['peer']}: {peer['ack']}")
     return lines
 
 

@@ -171,13 +171,15 @@ class Case:
 
     ``relative`` holds each slice's consume rate divided by the raw commit
     rate measured just before and just after it, which cancels most of the
-    drift of the disk between slices of different cases.
+    drift of the disk between slices of different cases; ``relative_total``
+    the same for the rate including the enqueue (end to end).
     """
 
     name: str
     label: str
     slices: list[Slice] = field(default_factory=list)
     relative: list[float] = field(default_factory=list)
+    relative_total: list[float] = field(default_factory=list)
 
     def slice(self) -> Slice:
         raise NotImplementedError
@@ -190,6 +192,9 @@ class Case:
 
     def vs_raw(self) -> float:
         return statistics.median(self.relative)
+
+    def end_to_end_vs_raw(self) -> float:
+        return statistics.median(self.relative_total)
 
     def close(self) -> None:
         """Release what the case holds open."""
