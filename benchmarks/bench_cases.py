@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to u
     sys.path.insert(0, str(ROOT))
 
 from queue_core import Handler, Queue, drain, process_one  # noqa: E402
+from queue_core import audit  # noqa: E402
 from queue_core.storage import connect  # noqa: E402
 
 CATEGORIES = ("book", "pen", "bag")
@@ -128,26 +129,18 @@ class Keeper:
         self.db = db
         self.conn = sqlite3.connect(db, isolation_level=None)
 
-    def one(self, sql: str) -> Any:
-        return self.conn.execute(sql).fetchall()[0][0]  # fetchall: no read left open
-
     def check_exactly_once(self, done: int, money: int, ready: int = 0) -> None:
-        """Raise ``CheckFailed`` unless states, effects, journal and money agree."""
-        states = dict(self.conn.execute("SELECT state, count(*) FROM messages GROUP BY state"
-                                        ).fetchall())
-        effects, total = self.conn.execute("SELECT count(*), coalesce(sum(amount_cents), 0) "
-                                           "FROM effects").fetchall()[0]
-        orphans = self.one("SELECT count(*) FROM effects JOIN messages USING (event_id) "
-                           "WHERE state <> 'done'")
-        paid = self.one("SELECT coalesce(sum(json_extract(payload, '$.amount_cents')), 0) "
-                        "FROM messages WHERE state = 'done'")
-        acks = self.one("SELECT count(*) FROM transitions WHERE reason = 'completed'")
-        found = (states.get("done", 0), states.get("ready", 0), effects, orphans, total, paid,
-                 acks)
-        wanted = (done, ready, done, 0, money, money, done)
-        if found != wanted or set(states) - {"done", "ready"}:
-            raise CheckFailed(f"{self.db.name}: (done, ready, effects, orphan effects, money, "
-                              f"paid, ACKs) = {found}, expected {wanted}; states {states}")
+        """Raise ``CheckFailed`` unless the shared audit finds nothing and the
+        states, effects and money are exactly what the slices produced."""
+        snap = audit.snapshot(self.db)
+        problems = [str(finding) for finding in audit.check(snap)[:3]]
+        states = snap.status.states
+        found = (states["done"], states["ready"], states["leased"] + states["dead"],
+                 snap.status.effects, snap.money)
+        wanted = (done, ready, 0, done, money)
+        if problems or found != wanted:
+            raise CheckFailed(f"{self.db.name}: (done, ready, leased or dead, effects, money) = "
+                              f"{found}, expected {wanted}; audit: {problems or 'clean'}")
 
     def close(self) -> None:
         self.conn.close()
