@@ -8,8 +8,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# make bench also installs the bench extra: the peer queues it compares ours with
-BENCH_STAMP := $(VENV)/.installed-bench
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
 .PHONY: course test unit nbval notebooks bench reliability clean help
@@ -23,7 +21,9 @@ help:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	# test: pytest, nbval, hypothesis; bench: the peer queues that make bench
+	# compares ours with, which the unit tests exercise too
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -c "import matplotlib.pyplot"  # build the font cache before any notebook runs
 	touch $(STAMP)
 
@@ -44,11 +44,7 @@ nbval: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) .ci/execute_notebooks.py
 
-$(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[test,bench]'
-	touch $(BENCH_STAMP)
-
-bench: $(BENCH_STAMP)
+bench: $(STAMP)
 	$(PY) benchmarks/bench.py
 
 reliability: $(STAMP)
