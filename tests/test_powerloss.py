@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from queue_core.lab.powerloss import (Frame, PowerLossReport, Prefix, prefixes, read_wal,
-                                      run_powerloss, wal_length)
+from queue_core.lab.powerloss import PowerLossReport, run_powerloss
+from queue_core.lab.wal import Frame, Prefix, prefixes, read_wal, wal_length
 
 REFERENCE_KINDS = ["enqueue", "claim", "ACK", "claim", "fail", "claim", "claim", "fail", "claim",
                    "ACK", "claim", "ACK", "redrive", "claim", "fail", "redrive", "claim", "ACK"]

@@ -11,14 +11,11 @@ as appended frames. After each commit it notes the log's length, whether
 the transaction committed at FULL (read on its own connection), and the
 journal rows it wrote: what its caller was told had happened.
 
-What a power cut can leave. SQLite appends a transaction's frames and, at
-FULL, fsyncs the log before the commit returns; that fsync makes every
-frame written before it durable too. Without it the frames sit in the
-operating system's cache, and any tail of them may be lost. So a cut after
-the first ``cut`` commits returned can leave the log cut at the end of any
-commit ``kept`` with ``last FULL commit <= kept <= cut``, and no other
-(SQLite ignores frames after the last whole commit when it recovers).
-``prefixes`` lists these ``(cut, kept)`` pairs.
+What a power cut can leave: a FULL commit's fsync makes every frame
+written before it durable; frames written since the last one may be lost.
+So a cut after the first ``cut`` commits returned leaves the log cut at the
+end of some commit ``kept``, ``last FULL commit <= kept <= cut`` (the rule
+and the log's format are in ``wal``).
 
 For every pair: the database file and the log truncated after commit
 ``kept`` are copied to a fresh folder, SQLite recovers the image when it
@@ -34,13 +31,6 @@ every commit boundary is a possible image: an ACK that returned can vanish.
 The database stays consistent and the next worker does the work again, one
 effect in the file, but the caller was told "done" and an external call
 would be made twice: ``lost acknowledged ACK``.
-
-The WAL file's format (https://www.sqlite.org/fileformat2.html#walformat):
-a 32-byte header (bytes 8-11: the page size, big-endian), then frames, each
-a 24-byte header and one page. In a frame header bytes 0-3 hold the page
-number and bytes 4-7, for a commit frame, the size of the database in pages
-after the commit; zero for every other frame. Recovery replays frames up to
-the last valid commit frame.
 """
 
 from __future__ import annotations
@@ -62,6 +52,7 @@ from ..values import Transition
 from ..worker import drain, finish, process_one
 from .scenario import DEMO_JSONL, LEASE_SECONDS, START
 from .sweep import BATCH, EXPECTED_DEAD, EXPECTED_DONE, current_handler, run_to_completion
+from .wal import Frame, Prefix, prefixes, read_wal, wal_length
 
 if TYPE_CHECKING:
     import sqlite3
@@ -69,38 +60,8 @@ if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
 
-WAL_HEADER_BYTES = 32
-FRAME_HEADER_BYTES = 24
 FULL = 2  # what ``PRAGMA synchronous`` answers at FULL
 LEVELS = ("FULL", "NORMAL")
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One WAL frame's header: the page it holds, and the database size in
-    pages after the commit if it is a commit frame (0 otherwise)."""
-
-    page: int
-    commit_size: int
-
-    @property
-    def is_commit(self) -> bool:
-        return self.commit_size != 0
-
-
-def read_wal(path: str | os.PathLike[str]) -> tuple[int, list[Frame]]:
-    """The page size and every whole frame header of the WAL file ``path``."""
-    data = Path(path).read_bytes()
-    page_size = int.from_bytes(data[8:12], "big")
-    step = FRAME_HEADER_BYTES + page_size
-    return page_size, [Frame(int.from_bytes(data[at:at + 4], "big"),
-                             int.from_bytes(data[at + 4:at + 8], "big"))
-                       for at in range(WAL_HEADER_BYTES, len(data) - step + 1, step)]
-
-
-def wal_length(page_size: int, frames: int) -> int:
-    """Bytes of a WAL file holding ``frames`` frames."""
-    return WAL_HEADER_BYTES + frames * (FRAME_HEADER_BYTES + page_size)
 
 
 @dataclass(frozen=True)
@@ -114,35 +75,6 @@ class Commit:
     frames: int
     at: int
     journal: tuple[Transition, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Prefix:
-    """A power cut after ``cut`` commits returned that leaves the first ``kept``."""
-
-    cut: int
-    kept: int
-    frames: int
-
-
-def prefixes(frames: Sequence[Frame], durable: Sequence[bool]) -> list[Prefix]:
-    """Every ``(cut, kept)`` a power cut can leave of this log.
-
-    ``durable[i]`` says whether the ``i``-th commit frame's transaction was
-    fsynced. A cut after commit ``cut`` keeps whole commits only, at least up
-    to the last durable commit at or before ``cut``: an fsync covers every
-    frame written before it.
-    """
-    ends = [n + 1 for n, frame in enumerate(frames) if frame.is_commit]
-    if len(ends) != len(durable):
-        raise ValueError(f"{len(ends)} commit frames, {len(durable)} durability flags")
-    ends.insert(0, 0)  # kept 0: nothing of the run, the file as it was
-    offered, floor = [], 0
-    for cut in range(len(ends)):
-        if cut and durable[cut - 1]:
-            floor = cut
-        offered.extend(Prefix(cut, kept, ends[kept]) for kept in range(floor, cut + 1))
-    return offered
 
 
 # -- recording a run -----------------------------------------------------------------------
