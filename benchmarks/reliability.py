@@ -1,4 +1,4 @@
-"""Reliability figures: crash sweep, fuzzed input, stateful model, stress.
+"""Reliability figures: crash sweep, power-loss sweep, fuzzed input, stateful model, stress.
 
     python benchmarks/reliability.py           # make reliability: about a minute
     python benchmarks/reliability.py --quick   # a smaller run
@@ -7,12 +7,17 @@
 Prints, in order: the crash sweep (every crash point and slow-worker
 schedule against the protocol and the three deliberately broken ones) with
 the outcome of each, then the crash points again with the crash on a later
-message (the 2nd and 3rd arrival; up to the 5th in a soak); which broken protocols the sweep caught and where; how
+message (the 2nd and 3rd arrival; up to the 5th in a soak); which broken protocols the sweep caught and where; the
+power-loss sweep (every WAL image a power cut can leave, per scenario, at
+the protocol's durability and with everything at synchronous=NORMAL:
+images checked, violations, acknowledged ACKs lost); how
 many fuzzed batches were tried, by outcome, with the unhandled exceptions;
 how many stateful programs agreed with the model; and the stress run
 (worker processes x events, crashes, duplicates, losses, money). Exits 1 if
 any invariant fails: a protocol step that is not ok, a broken protocol the
-sweep does not catch, an unhandled fuzz input, a model disagreement, or a
+sweep does not catch, a power-loss image that breaks an invariant or, at the
+protocol's durability, loses an acknowledged commit (or, at NORMAL, one that
+loses no ACK at all: the sweep could not see a loss), an unhandled fuzz input, a model disagreement, or a
 stress duplicate, loss or money difference.
 """
 
@@ -33,6 +38,7 @@ for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
         sys.path.insert(0, str(path))
 
 from queue_core.lab.contrasts import PROTOCOLS  # noqa: E402
+from queue_core.lab.powerloss import run_powerloss  # noqa: E402
 from queue_core.lab.stress import run_stress  # noqa: E402
 from queue_core.lab.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
 
@@ -76,6 +82,24 @@ def _judge(broken: bool, failed: list[SweepRow], name: str, problems: list[str])
         print(f"{'':>20}  caught: {where}")
     elif failed:
         problems.extend(f"{name}: {r.outcome} at {r.step}: {r.detail}" for r in failed)
+
+
+def powerloss_section(problems: list[str]) -> None:
+    report = run_powerloss()
+    for (scenario, level), commits in report.commits.items():
+        rows = report.select(scenario, level)
+        lost = [r for r in rows if r.outcome == "lost acknowledged ACK"]
+        broken = [r for r in report.violations if (r.scenario, r.synchronous) == (scenario, level)]
+        print(f"{scenario:>15}, {level:<6}: {len(commits)} commits "
+              f"({sum(c.durable for c in commits)} fsynced); {len(rows)} (cut, image) pairs over "
+              f"{len({r.kept for r in rows})} recovered images; violations {len(broken)}; "
+              f"pairs that lose an acknowledged ACK {len(lost)}")
+        problems.extend(f"power loss, {scenario} at {level}, cut {r.cut} kept {r.kept}: "
+                        f"{r.outcome}: {r.detail}" for r in broken)
+    if not report.lost_acks:
+        problems.append("power loss: no lost acknowledged ACK at NORMAL; the sweep sees no loss")
+    print(f"in all: {len(report.rows)} (cut, image) pairs checked, {len(report.violations)} "
+          f"violations, {len(report.lost_acks)} that lose an acknowledged ACK, all at NORMAL")
 
 
 def fuzz_section(examples: int, problems: list[str]) -> None:
@@ -139,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     timed("crash sweep (outcome per step and protocol)",
           lambda: sweep_section(problems, later_arrivals))
+    timed("power-loss sweep (every WAL image a cut can leave)",
+          lambda: powerloss_section(problems))
     timed("fuzzed input", lambda: fuzz_section(fuzz, problems))
     timed("stateful model", lambda: model_section(programs, problems))
     timed("stress", lambda: stress_section(stress, problems))
