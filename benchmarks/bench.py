@@ -82,13 +82,17 @@ class Plan:
     k100: int
     sizes: tuple[int, ...]
     full: bool  # also 2 workers, single-message drain, NORMAL, the memory check and the peers
+    peers: bool = False  # the peers, our single-message drain and the safety probe
+    safety: tuple[int, int] = (200, 3)  # items per two-consumer round, rounds
 
 
 FULL = Plan(rounds=12, budget_s=120.0, raw=40, single=100, k10=400, k100=2000,
-            sizes=(1_000, 10_000, 100_000), full=True)
+            sizes=(1_000, 10_000, 100_000), full=True, peers=True)
 QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
              sizes=(1_000, 10_000), full=False)
-SAFETY_ITEMS, SAFETY_ROUNDS = 200, 3  # per two-consumer round of the safety probe
+# A few seconds for notebook 08: ours and the peers end to end, and one probe round.
+PEERS_QUICK = Plan(rounds=3, budget_s=1.0, raw=8, single=30, k10=60, k100=300, sizes=(),
+                   full=False, peers=True, safety=(100, 1))
 
 
 def same_file_system_dir() -> Path:
@@ -104,9 +108,10 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
     the peers share a process of their own."""
     n, one = plan.single, pool[:1]
     yield BareProtocol(workdir, n)
-    if plan.full:
+    if plan.full or plan.peers:
         yield EndToEnd("single", "single message, 1 worker process", workdir, n,
                        op="drain", workers=one)
+    if plan.full:
         yield EndToEnd("two_workers", "single message, 2 worker processes", workdir, n,
                        op="drain", workers=pool[:2])
     for k, count in ((1, n), (10, plan.k10), (100, plan.k100)):
@@ -121,7 +126,8 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
         yield from build_peer_cases(workdir, n, peer_worker)
 
 
-def run(quick: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(quick: bool = False, log: Callable[[str], None] | None = None,
+        plan: Plan | None = None) -> dict[str, Any]:
     """Run every case in interleaved slices; return medians, ratios and memory.
 
     Each round runs every case once (the first one rotates), with a slice of
@@ -131,12 +137,12 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None) -> dict[s
     not again after a crash. The full run adds the installed peers and the
     safety probe (``results["peers"]``, ``results["safety"]``).
     """
-    plan = QUICK if quick else FULL
+    plan = plan or (QUICK if quick else FULL)
     say = log or (lambda text: None)
     with tempfile.TemporaryDirectory(prefix="queue-bench-", dir=same_file_system_dir()) as tmp:
         raw = RawCommits(Path(tmp), plan.raw)
         pool = [Worker() for _ in range(2 if plan.full else 1)]
-        peer_worker = PeerWorker() if plan.full else None
+        peer_worker = PeerWorker() if plan.peers else None
         cases: list[Case] = []
         safety: dict[str, dict[str, Any]] = {}
         try:
@@ -163,10 +169,12 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None) -> dict[s
             if plan.full:
                 largest = max((c for c in cases if isinstance(c, QueueSize)), key=lambda c: c.size)
                 memory = largest.peak_rss_after_draining()
-                say(f"safety probe: {SAFETY_ROUNDS} rounds of two consumer processes on "
-                    f"{SAFETY_ITEMS} items, and a crash, per queue")
+            if plan.peers:
+                items, rounds = plan.safety
+                say(f"safety probe: {rounds} rounds of two consumer processes on "
+                    f"{items} items, and a crash, per queue")
                 (Path(tmp) / "safety").mkdir()
-                safety = probe_all(Path(tmp) / "safety", SAFETY_ITEMS, SAFETY_ROUNDS)
+                safety = probe_all(Path(tmp) / "safety", items, rounds)
                 check_our_safety(safety["queue_core"])
         finally:
             for case in (raw, *cases):
@@ -175,7 +183,7 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None) -> dict[s
                 worker.close()
             if peer_worker is not None:
                 peer_worker.close()
-    results = summarise(raw, cases, memory, safety, missing_peers() if plan.full else [])
+    results = summarise(raw, cases, memory, safety, missing_peers() if plan.peers else [])
     if plan.full:
         say("counting fsyncs per message")
         results["fsyncs"] = (fsyncs.count(fsync_claims=False), fsyncs.count(fsync_claims=True))
@@ -186,7 +194,8 @@ def check_our_safety(result: dict[str, Any]) -> None:
     """Raise ``CheckFailed`` unless our queue delivered every item exactly once
     to the two consumers and delivered the crashed consumer's item again."""
     if any(result["duplicates"]) or any(result["missing"]) or result["errors"] \
-            or result["crash"] != "redelivered" or result["others_missing"]:
+            or result.get("crash_errors") or result["crash"] != "redelivered" \
+            or result["others_missing"]:
         raise CheckFailed(f"safety probe of queue_core: {describe(result)}; {result}")
 
 
@@ -202,8 +211,10 @@ def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None,
     vs_raw["raw"] = 1.0
     e2e_vs_raw = {case.name: case.end_to_end_vs_raw() for case in cases}
     e2e_vs_raw["raw"] = 1.0
-    largest = max(case.size for case in cases if isinstance(case, QueueSize))
-    lookup = dict(vs_raw, size_max=vs_raw[f"size_{largest}"])
+    largest = max((case.size for case in cases if isinstance(case, QueueSize)), default=0)
+    lookup = dict(vs_raw)
+    if largest:
+        lookup["size_max"] = vs_raw[f"size_{largest}"]
     lookup.update({f"e2e:{name}": value for name, value in e2e_vs_raw.items()})
     peers = [dict(case.info(), name=case.name, label=case.label, rate=case.end_to_end(),
                   vs_raw=e2e_vs_raw[case.name]) for case in cases if isinstance(case, PeerCase)]
@@ -268,12 +279,12 @@ def report(results: dict[str, Any]) -> list[str]:
                  "shared audit (one effect per done event, each equal to its payload, no other "
                  "effect, a legal journal)")
     lines += fsync_report(results.get("fsyncs"))
-    if "single_normal" not in vs_raw:
-        return lines
-    normal = vs_raw["single_normal"] / vs_raw["single"]
-    lines.append(f"explicit option, not the default: synchronous=NORMAL runs {normal:.1f}x "
-                 "FULL here; in WAL mode it skips the fsync at each commit, so a power loss "
-                 "(not a process crash) may lose the last commits")
+    if "single_normal" in vs_raw:
+        normal = vs_raw["single_normal"] / vs_raw["single"]
+        lines.append(f"explicit option, not the default: synchronous=NORMAL runs {normal:.1f}x "
+                     "the default here; in WAL mode it skips the fsync at each commit, so a "
+                     "power loss (not a process crash) may lose the last commits, "
+                     "acknowledged ones included")
     return lines + peer_report(results)
 
 

@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to u
 
 from queue_core import Handler, Queue, drain, process_one  # noqa: E402
 from queue_core import audit  # noqa: E402
-from queue_core.storage import connect  # noqa: E402
+from queue_core.storage import connect, transaction  # noqa: E402
 
 CATEGORIES = ("book", "pen", "bag")
 IDS_PER_FILE = 10_000  # E0000..E9999: the event id shape allows no more
@@ -221,7 +221,8 @@ class BareProtocol(Case):
     """For scale, not a target: two commits per message and nothing else.
 
     The claim is one transaction (one UPDATE ... RETURNING that takes the
-    oldest due row through a partial index); the ACK is another (the effect
+    oldest due row through a partial index), committed without an fsync of
+    its own as the queue's claims are; the ACK is another, fsynced (the effect
     INSERT and an UPDATE guarded by generation and deadline). No journal, no
     CHECK constraints, no foreign keys, no fence read before the handler,
     no handler object, no crash points; it runs in this process, like the
@@ -254,22 +255,20 @@ class BareProtocol(Case):
         conn.execute("COMMIT")
         start = time.perf_counter()
         for _ in range(self.n):
-            conn.execute("BEGIN IMMEDIATE")
-            event_id, generation, payload = conn.execute(
-                "UPDATE messages SET state = 'leased', generation = generation + 1, "
-                "lease_until = ? WHERE event_id = (SELECT event_id FROM messages "
-                "WHERE state = 'ready' AND available_at <= ? ORDER BY available_at, event_id "
-                "LIMIT 1) RETURNING event_id, generation, payload", (31, 1)).fetchone()
-            conn.execute("COMMIT")
+            with transaction(conn, relaxed=True):  # the claim: no fsync of its own, as ours
+                event_id, generation, payload = conn.execute(
+                    "UPDATE messages SET state = 'leased', generation = generation + 1, "
+                    "lease_until = ? WHERE event_id = (SELECT event_id FROM messages "
+                    "WHERE state = 'ready' AND available_at <= ? ORDER BY available_at, "
+                    "event_id LIMIT 1) RETURNING event_id, generation, payload", (31, 1)).fetchone()
             order = json.loads(payload)
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO effects VALUES (?, ?, ?)",
-                         (event_id, order["category"], order["amount_cents"]))
-            if conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
-                            "WHERE event_id = ? AND state = 'leased' AND generation = ? "
-                            "AND lease_until > 1", (event_id, generation)).rowcount != 1:
-                raise CheckFailed(f"bare: {event_id} lost its lease")
-            conn.execute("COMMIT")
+            with transaction(conn):  # the ACK, fsynced
+                conn.execute("INSERT INTO effects VALUES (?, ?, ?)",
+                             (event_id, order["category"], order["amount_cents"]))
+                if conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
+                                "WHERE event_id = ? AND state = 'leased' AND generation = ? "
+                                "AND lease_until > 1", (event_id, generation)).rowcount != 1:
+                    raise CheckFailed(f"bare: {event_id} lost its lease")
         elapsed = time.perf_counter() - start
         self.next_id += self.n
         self.money += sum(amount_of(i) for i in ids)

@@ -156,24 +156,37 @@ def two_consumers(name: str, workdir: Path, n: int, label: str) -> dict[str, Any
             "synchronous": reports[0].get("synchronous")}
 
 
-def crash(name: str, workdir: Path, n: int = 5) -> dict[str, Any]:
-    """A consumer gets one item and dies before its ack; then a fresh one drains."""
-    path = fresh_store(workdir, name, "crash")
-    enqueue(name, path, n)
-    code, first = finish(start_consumer({"peer": name, "path": str(path), "crash": True,
-                                         "lease_seconds": 1}))
-    if code != CRASH_EXIT_CODE or len(first["got"]) != 1:
-        raise RuntimeError(f"{name}: the crashing consumer ended with {code}: {first}")
-    victim = first["got"][0]
+def crash_all(names: list[str], workdir: Path, n: int = 5) -> dict[str, dict[str, Any]]:
+    """For every queue at once: a consumer gets one item and dies before its
+    ack; after one pause (longer than our queue's lease) a fresh one drains.
+    The queues crash side by side, so the pause is paid once, not per queue."""
+    paths = {name: fresh_store(workdir, name, "crash") for name in names}
+    for name, path in paths.items():
+        enqueue(name, path, n)
+    victims = {}
+    for name, proc in [(name, start_consumer({"peer": name, "path": str(path), "crash": True,
+                                              "lease_seconds": 1}))
+                       for name, path in paths.items()]:
+        code, first = finish(proc)
+        if code != CRASH_EXIT_CODE or len(first["got"]) != 1:
+            raise RuntimeError(f"{name}: the crashing consumer ended with {code}: {first}")
+        victims[name] = first["got"][0]
     time.sleep(CRASH_PAUSE_S)
-    _, after = finish(start_consumer({"peer": name, "path": str(path), "lease_seconds": 1}))
-    if victim in after["got"]:
-        outcome = "redelivered"
-    else:
-        outcome = "held" if still_stored(path, victim) else "lost"
-    others = {f"E{i:04d}" for i in range(n)} - {victim}
-    return {"crash": outcome, "victim": victim,
-            "others_missing": len(others - set(after["got"])), "errors": after["errors"]}
+    results = {}
+    for name, proc in [(name, start_consumer({"peer": name, "path": str(path),
+                                              "lease_seconds": 1}))
+                       for name, path in paths.items()]:
+        _, after = finish(proc)
+        victim = victims[name]
+        if victim in after["got"]:
+            outcome = "redelivered"
+        else:
+            outcome = "held" if still_stored(paths[name], victim) else "lost"
+        others = {f"E{i:04d}" for i in range(n)} - {victim}
+        results[name] = {"crash": outcome, "victim": victim,
+                         "others_missing": len(others - set(after["got"])),
+                         "crash_errors": after["errors"]}
+    return results
 
 
 def still_stored(path: Path, event_id: str) -> bool:
@@ -197,20 +210,21 @@ def still_stored(path: Path, event_id: str) -> bool:
 
 
 def probe(name: str, workdir: Path, n: int = 200, rounds: int = 3) -> dict[str, Any]:
-    """Every probe for one queue: ``rounds`` two-consumer rounds, then the crash."""
+    """The two-consumer rounds for one queue (the crash is ``crash_all``'s)."""
     runs = [two_consumers(name, workdir, n, f"r{r}") for r in range(rounds)]
     return {"name": name, "n": n, "rounds": runs,
             "duplicates": [run["duplicates"] for run in runs],
             "missing": [run["missing"] for run in runs],
             "errors": sum(len(run["errors"]) for run in runs),
-            "journal_mode": runs[0]["journal_mode"], "synchronous": runs[0]["synchronous"],
-            **crash(name, workdir)}
+            "journal_mode": runs[0]["journal_mode"], "synchronous": runs[0]["synchronous"]}
 
 
 def probe_all(workdir: Path, n: int = 200, rounds: int = 3,
               names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Every probe for every queue: ``rounds`` two-consumer rounds each, then the crash."""
     chosen = names or [QueueCore.name, *(adapter.name for adapter in installed_peers())]
-    return {name: probe(name, workdir, n, rounds) for name in chosen}
+    crashed = crash_all(chosen, workdir)
+    return {name: {**probe(name, workdir, n, rounds), **crashed[name]} for name in chosen}
 
 
 def describe(result: dict[str, Any]) -> str:

@@ -59,10 +59,11 @@ def test_each_queue_hands_out_what_was_put_once_then_nothing(name: str, tmp_path
 
 def test_our_queue_passes_the_two_consumer_and_crash_probes(tmp_path: Path) -> None:
     shared = peer_safety.two_consumers("queue_core", tmp_path, 20, "t")
-    crashed = peer_safety.crash("queue_core", tmp_path)
+    crashed = peer_safety.crash_all(["queue_core"], tmp_path)["queue_core"]
 
     assert (shared["duplicates"], shared["missing"], shared["errors"]) == (0, 0, [])
-    assert (crashed["crash"], crashed["others_missing"]) == ("redelivered", 0)
+    assert (crashed["crash"], crashed["others_missing"], crashed["crash_errors"]) == \
+        ("redelivered", 0, [])
     assert (shared["journal_mode"], shared["synchronous"]) == ("WAL", "FULL")
 
 
