@@ -5,8 +5,9 @@ sits above it and adds what a course needs and a worker does not: real
 worker processes that crash on purpose (``child``), deliberately broken
 protocols kept as contrasts (``contrasts``), a handler with injected faults
 (``faults``), the reference scenario (``scenario``, ``demo``), the crash
-sweep (``sweep``), the stress run (``stress``), the exercises and their
-checks (``exercises``, ``exercise_setup``) and the pictures (``plots``).
+sweep (``sweep``), the power-loss sweep (``powerloss``, ``wal``), the
+stress run (``stress``), the exercises and their checks (``exercises``,
+``exercise_setup``) and the pictures (``plots``).
 
 Importing the lab does not import pandas or matplotlib; a plot imports them
 when it is drawn. Notebooks import these public names:
@@ -18,6 +19,7 @@ from .child import ChildResult, collect, open_gate, reap, run_child
 from .contrasts import PROTOCOLS, REAL, Protocol, protocol
 from .demo import DemoReport, run_demo, run_scenario
 from .faults import FlakyHandler
+from .powerloss import PowerLossReport, plot_powerloss, powerloss_frame, run_powerloss
 from .plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame, plot_consumers,
                     plot_metrics, plot_state_machine, plot_timeline, transitions_frame)
 from .scenario import DEMO_JSONL, LEASE_SECONDS, START
@@ -26,9 +28,11 @@ from .sweep import SCHEDULES, STEPS, SweepRow, plot_sweep, run_sweep, sweep_fram
 
 __all__ = [
     "ChildResult", "DEMO_JSONL", "DemoReport", "FlakyHandler", "LEASE_SECONDS", "Mark",
-    "PROTOCOLS", "Protocol", "REAL", "SCHEDULES", "START", "STATE_COLORS", "STEPS", "StressReport",
+    "PROTOCOLS", "PowerLossReport", "Protocol", "REAL", "SCHEDULES", "START", "STATE_COLORS", "STEPS", "StressReport",
     "SweepRow", "collect", "consumers_frame", "mark", "metrics_frame", "open_gate",
-    "plot_consumers", "plot_metrics", "plot_state_machine", "plot_sweep", "plot_timeline",
-    "protocol", "reap", "run_child", "run_demo", "run_scenario", "run_stress", "run_sweep",
+    "plot_consumers", "plot_metrics", "plot_powerloss", "plot_state_machine", "plot_sweep",
+    "plot_timeline", "powerloss_frame",
+    "protocol", "reap", "run_child", "run_demo", "run_powerloss", "run_scenario", "run_stress",
+    "run_sweep",
     "sweep_frame", "transitions_frame",
 ]
