@@ -313,7 +313,7 @@ def _plot_steps(ax: Any, journal: "pd.DataFrame", frame: "pd.DataFrame", names: 
     _lanes(ax, lanes)
     ax.set_xlabel("step in commit order (journal); every step at the same model second")
     turns = consumer_turns(journal, frame)
-    said = (f"{turns} changes of turn" if turns else
+    said = (f"{turns} change{'' if turns == 1 else 's'} of turn" if turns else
             "no change of turn: one process won the lock first and kept it to the end")
     ax.set_title(f"one writer at a time, in the order SQLite committed: {said}", fontsize=10)
     ax.legend(handles=[Line2D([], [], ls="", marker="o", color=STATE_COLORS[State.LEASED],
