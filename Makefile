@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine with Python 3.11+ and make:
 #   make course   set up, then open the course in JupyterLab
 #   make test     set up, then run every test (unit tests and nbval)
+#   make setup    only set up (no browser)
 # Each recipe calls the virtual environment's own python: activation does not
 # survive from one recipe line to the next.
 
@@ -10,10 +11,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: course test unit nbval notebooks bench reliability clean help
+.PHONY: setup course test unit nbval notebooks bench reliability clean help
 help:
 	@echo "make course       set up and open the course in JupyterLab"
 	@echo "make test         set up and run every test (unit tests, then nbval on the notebooks)"
+	@echo "make setup        only set up: the virtual environment with every package, no browser"
 	@echo "make notebooks    re-execute every notebook in place (maintainers)"
 	@echo "make bench        throughput against the SQLite commit limit and peer queues"
 	@echo "make reliability  crash sweep, fuzzing and stress figures (SOAK=1 for a long run)"
@@ -29,6 +31,8 @@ $(STAMP): pyproject.toml
 
 # JupyterLab refuses to start as root unless told; containers often run as root.
 AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+setup: $(STAMP)
 
 course: $(STAMP)
 	$(PY) -m jupyter lab $(AS_ROOT) notebooks/00_overview.ipynb

@@ -3,9 +3,13 @@
 
 Each notebook runs on a fresh ``python3`` kernel with its own folder as the
 working directory (as in JupyterLab and nbval), so ``../data/...`` resolves.
-Timing metadata is neither recorded nor kept, and printed chunks are joined,
-so execution counts run 1..N and a re-run changes only what really changed.
-Prints seconds per notebook.
+Timing metadata is neither recorded nor kept, and printed chunks are joined
+by nbconvert's own ``CoalesceStreamsPreprocessor`` (the joining nbval's
+comparison agrees with), so execution counts run 1..N and a re-run changes
+only what really changed. Prints seconds per notebook.
+
+    python .ci/execute_notebooks.py                    every notebook
+    python .ci/execute_notebooks.py notebooks/03_*.ipynb   only those named
 """
 
 from __future__ import annotations
@@ -13,10 +17,9 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
 import nbformat
 from nbclient import NotebookClient
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -36,31 +39,11 @@ def execute(path: Path) -> float:
                    record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - started
-    for cell in notebook.cells:
-        if cell.cell_type == "code":
-            cell.outputs = coalesce_streams(cell.outputs)
+    notebook, _ = CoalesceStreamsPreprocessor().preprocess(notebook, {})
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                        "language": "python"}
     nbformat.write(notebook, path)
     return seconds
-
-
-def coalesce_streams(outputs: list[Any]) -> list[Any]:
-    """Join neighbouring stdout (or stderr) chunks into one output.
-
-    How a cell's printing is cut into chunks depends on when the kernel
-    flushed, which varies from run to run; joined, a re-run stores the same
-    outputs (nbval joins them the same way before comparing).
-    """
-    joined: list[Any] = []
-    for output in outputs:
-        previous = joined[-1] if joined else None
-        if (output.output_type == "stream" and previous is not None
-                and previous.output_type == "stream" and previous.name == output.name):
-            previous.text += output.text
-        else:
-            joined.append(output)
-    return joined
 
 
 def main(argv: list[str]) -> int:

@@ -104,6 +104,70 @@ def test_exercise_1_a_new_event_after_the_refused_edit_is_solved(tmp_path: Path,
     assert e0001 == [(10000,)]
 
 
+
+def behind_the_protocol(db: str, *statements: str) -> None:
+    """Write to the queue's file with plain SQL, as a learner could, around every check."""
+    conn = sqlite3.connect(db)
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+
+
+def test_exercise_1_two_new_events_of_1000_are_not_quite_and_ask_for_one_correction(
+        tmp_path: Path, capsys) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    queue.enqueue_jsonl(NEW_E0005.replace("2000", "1000") + "\n"
+                        + NEW_E0005.replace("E0005", "E0006").replace("2000", "1000"))
+    drain(queue, Handler())
+    verdict = exercises.check_1(queue, refusal)
+    assert figures(queue.path) == (19000, 5, {"done": 5, "dead": 1})
+    assert verdict.status == NOT_QUITE
+    text = one_verdict(capsys, verdict)
+    assert "effects expected 4, found 5" in text
+    assert "one correction event expected" in text and "E0005, E0006" in text
+
+
+def test_exercise_1_a_hand_edited_effect_reaching_19000_with_four_effects_is_not_quite(
+        tmp_path: Path, capsys) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    queue.enqueue_jsonl(NEW_E0005.replace("2000", "1000"))
+    drain(queue, Handler())
+    behind_the_protocol(queue.path,
+                        "UPDATE effects SET amount_cents = 2000 WHERE event_id = 'E0005'")
+    verdict = exercises.check_1(queue, refusal)
+    assert figures(queue.path) == (19000, 4, {"done": 4, "dead": 1})
+    assert verdict.status == NOT_QUITE
+    text = one_verdict(capsys, verdict)
+    assert "effect_differs: E0005" in text and "run `start_1` again" in text
+
+
+def test_exercise_1_an_effect_written_without_a_worker_is_not_quite(tmp_path: Path, capsys) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    queue.enqueue_jsonl(NEW_E0005)
+    behind_the_protocol(
+        queue.path,
+        "INSERT INTO effects (event_id, category, amount_cents) VALUES ('E0005', 'pen', 2000)",
+        "UPDATE messages SET state = 'done' WHERE event_id = 'E0005'")
+    verdict = exercises.check_1(queue, refusal)
+    assert figures(queue.path) == (19000, 4, {"done": 4, "dead": 1})
+    assert verdict.status == NOT_QUITE
+    assert "journal_disagrees: E0005" in one_verdict(capsys, verdict)
+
+
+def test_exercise_1_a_new_event_not_yet_processed_gets_a_nudge_to_run_a_worker(
+        tmp_path: Path) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    queue.enqueue_jsonl(NEW_E0005)
+    verdict = exercises.check_1(queue, refusal)
+    assert verdict.status == NOT_QUITE
+    assert "E0005 is ready: no worker has processed it yet" in verdict.text
+    assert figures(queue.path) == (17000, 3, {"done": 3, "dead": 1, "ready": 1})
+
 # -- exercise 2 ---------------------------------------------------------------------
 
 def test_exercise_2_untouched_start_is_not_attempted(tmp_path: Path) -> None:
@@ -119,11 +183,27 @@ def test_exercise_2_sneaking_e0005_in_by_its_own_batch_is_not_quite(tmp_path: Pa
     assert "E0005 expected absent, found ready" in one_verdict(capsys, verdict)
 
 
-@pytest.mark.parametrize("why", ["a", "c", None], ids=["choice-a", "choice-c", "no-choice"])
-def test_exercise_2_a_wrong_or_missing_explanation_is_not_quite(tmp_path: Path, why: Any) -> None:
+@pytest.mark.parametrize("why, said", [
+    ("a", "you chose a), which is not the right explanation"),
+    ("C", "you chose c), which is not the right explanation"),
+    ("x", "expected one of the letters a, b or c, found 'x'"),
+    (None, "expected one of the letters a, b or c, found None"),
+], ids=["choice-a", "choice-C", "no-letter", "no-choice"])
+def test_exercise_2_a_wrong_or_missing_explanation_is_not_quite_and_says_which(
+        tmp_path: Path, why: Any, said: str) -> None:
     queue = exercises.start_2(tmp_path)
     refusal = refused(lambda: queue.enqueue_file(DATA / "conflict.jsonl"))
-    assert exercises.check_2(queue, refusal, why).status == NOT_QUITE
+    verdict = exercises.check_2(queue, refusal, why)
+    assert verdict.status == NOT_QUITE and said in verdict.text
+    assert figures(queue.path) == (17000, 3, {"done": 3, "dead": 1})
+
+
+@pytest.mark.parametrize("why", ["B", " b ", "b)"])
+def test_exercise_2_the_right_letter_in_any_case_is_solved(tmp_path: Path, why: str) -> None:
+    queue = exercises.start_2(tmp_path)
+    refusal = refused(lambda: queue.enqueue_file(DATA / "conflict.jsonl"))
+    assert exercises.check_2(queue, refusal, why).status == SOLVED
+    assert figures(queue.path) == (17000, 3, {"done": 3, "dead": 1})
 
 
 def test_exercise_2_the_batch_refused_whole_with_the_right_reason_is_solved(tmp_path: Path) -> None:
@@ -231,6 +311,46 @@ def test_exercise_4_the_stalled_worker_fenced_before_and_after_a_redrive_is_solv
     assert figures(queue.path) == (3000, 1, {"done": 1})
 
 
+
+def test_exercise_4_the_refusal_of_w2s_lease_is_not_quite_and_names_the_stalled_worker(
+        tmp_path: Path, capsys) -> None:
+    """W2 did not stall: it sent E0004 dead. Its refusal after the redrive is
+    stale_generation too, but not the story the exercise asks for."""
+    queue = exercises.start_4(tmp_path)
+    handler = Handler()
+    w1 = queue.claim()
+    queue.clock.advance(2)  # type: ignore[attr-defined]
+    w2 = queue.claim()
+    assert w1 is not None and w2 is not None
+    before = (w1, refused(lambda: queue.complete(w1, handler)))
+    finish(queue, w2, handler)
+    queue.redrive("E0004")
+    newer = handler.supporting("toy")
+    w3 = queue.claim()
+    assert w3 is not None
+    wrong_worker = (w2, refused(lambda: queue.complete(w2, newer)))
+    queue.complete(w3, newer)
+    verdict = exercises.check_4(queue, before, wrong_worker)
+    assert figures(queue.path) == (3000, 1, {"done": 1})
+    assert verdict.status == NOT_QUITE
+    text = one_verdict(capsys, verdict)
+    assert "after the redrive: your refusal came from W2's lease (generation 2, attempt 2)" in text
+    assert "the stalled worker's: W1, generation 1" in text
+
+
+def test_exercise_4_its_story_run_again_on_a_used_start_asks_for_start_4_and_never_raises(
+        tmp_path: Path, capsys) -> None:
+    queue = exercises.start_4(tmp_path)
+    before, after, _ = stalled_worker_story(queue)
+    assert exercises.check_4(queue, before, after).status == SOLVED
+    capsys.readouterr()
+    assert queue.claim() is None  # what the story's first line now gets
+    for parts in ((None, None), ((None, None), None)):
+        verdict = exercises.check_4(queue, *parts)
+        assert verdict.status == NOT_QUITE
+        assert "run `start_4` again" in one_verdict(capsys, verdict)
+    assert figures(queue.path) == (3000, 1, {"done": 1})
+
 # -- exercise 5 ---------------------------------------------------------------------
 
 def sql_metric(sql: str) -> Callable[[str], dict[str, int]]:
@@ -324,6 +444,22 @@ def test_exercise_6_ack_before_insert_and_a_real_crash_lose_the_effect_and_is_so
     assert queue.claim() is None  # done: no worker will ever be handed E0003 again
 
 
+
+def test_exercise_6_its_worker_run_again_on_a_used_start_asks_for_start_6(
+        tmp_path: Path, capsys) -> None:
+    queue = exercises.start_6(tmp_path)
+    first = exercises.run_naive_worker(queue, [ACK, INSERT])
+    assert exercises.check_6(queue, first).status == SOLVED
+    again = exercises.run_naive_worker(queue, [ACK, INSERT])
+    assert again is not None and again.event_id is None and again.exit_code == 0
+    capsys.readouterr()
+    verdict = exercises.check_6(queue, again)
+    assert verdict.status == NOT_QUITE
+    text = one_verdict(capsys, verdict)
+    assert "E0003 is already done" in text and "run `start_6` again" in text
+    assert "exit code expected" not in text
+    assert figures(queue.path) == (0, 0, {"done": 1})
+
 # -- every check ----------------------------------------------------------------------
 
 CHECKS: list[tuple[str, Callable[..., Verdict], tuple[Any, ...]]] = [
@@ -388,10 +524,10 @@ def test_a_verdict_shows_no_temporary_path_and_no_memory_address(tmp_path: Path)
 EXERCISES_MD = (DATA.parent / "EXERCISES.md").read_text(encoding="utf-8")
 
 
-def github_slug(heading: str) -> str:
-    """The anchor GitHub and JupyterLab give a Markdown heading."""
-    kept = "".join(ch for ch in heading.strip().lower() if ch.isalnum() or ch in " -_")
-    return kept.replace(" ", "-")
+def anchors() -> set[str]:
+    """The explicit anchors (``<a id="...">``) of EXERCISES.md: they work on a code
+    forge and in JupyterLab alike, whose ids for headings differ."""
+    return set(re.findall(r'<a id="([A-Za-z0-9_-]+)"></a>', EXERCISES_MD))
 
 
 def sections() -> dict[int, str]:
@@ -410,14 +546,34 @@ def test_exercises_md_has_six_exercises_each_with_goal_why_start_hints_and_solve
         assert f"exercises.start_{number}(workdir)" in text, number
 
 
-def test_every_link_to_an_exercise_lands_on_a_heading() -> None:
-    headings = [line[3:] for line in EXERCISES_MD.splitlines() if line.startswith("## ")]
-    anchors = {github_slug(heading) for heading in headings}
+def test_each_exercise_heading_has_an_explicit_anchor_right_before_it() -> None:
+    for number in range(1, 7):
+        assert re.search(rf'<a id="exercise-{number}"></a>\n(<a id="[^"]+"></a>\n)*\n'
+                         rf"## Exercise {number}:", EXERCISES_MD), number
+
+
+def test_every_link_to_an_exercise_lands_on_an_explicit_anchor() -> None:
     notebooks = (DATA.parent / "notebooks").rglob("*.ipynb")
-    texts = [EXERCISES_MD] + [path.read_text(encoding="utf-8") for path in notebooks
-                              if ".ipynb_checkpoints" not in path.parts]
+    texts = [EXERCISES_MD, (DATA.parent / "README.md").read_text(encoding="utf-8")]
+    texts += [path.read_text(encoding="utf-8") for path in notebooks
+              if ".ipynb_checkpoints" not in path.parts]
     links = {match for text in texts
              for match in re.findall(r"EXERCISES\.md#([A-Za-z0-9_-]+)", text)}
     links |= set(re.findall(r"\]\(#([A-Za-z0-9_-]+)\)", EXERCISES_MD))
-    assert len(links) >= 6
-    assert sorted(links - anchors) == []
+    assert {f"exercise-{n}" for n in range(1, 7)} <= links
+    assert sorted(links - anchors()) == []
+
+
+def test_exercise_5s_prepared_databases_listed_in_exercises_md_are_those_the_check_runs(
+        capsys) -> None:
+    listed = sections()[5].split("The check prepares its own databases", 1)[1]
+    bullets = re.findall(r"^- (.+);?$", listed.split("\n\n<details>", 1)[0], re.MULTILINE)
+    metric = sql_metric("SELECT event_id, attempts FROM messages WHERE state = 'dead'")
+    verdict = exercises.check_5(metric)
+    assert verdict.status == SOLVED
+    assert f"on all {len(bullets)} prepared databases" in verdict.text
+    assert f"{_number_word(len(bullets))} of them" in listed
+
+
+def _number_word(n: int) -> str:
+    return ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"][n]

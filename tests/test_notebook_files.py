@@ -108,3 +108,67 @@ def test_notebook_links_to_the_exercises(path: Path) -> None:
     markdown = "".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "markdown")
     relative = Path(os.path.relpath(ROOT / "EXERCISES.md", path.parent)).as_posix()
     assert f"]({relative}" in markdown
+
+
+# -- references a learner can follow --------------------------------------------------------
+
+# The chapters read so far against these habits (07 and 08 are to follow).
+REVIEWED = [p for p in PATHS if p.name[:2] not in {"07", "08"}]
+REVIEWED_IDS = [str(p.relative_to(NOTEBOOKS)) for p in REVIEWED]
+CAPTIONED = [p for p in REVIEWED if p.name[:2] != "09"]  # 09 draws no figure
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+DOCS = [ROOT / "README.md", ROOT / "EXERCISES.md"]
+
+
+def markdown_of(path: Path) -> str:
+    if path.suffix == ".ipynb":
+        return "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "markdown")
+    return path.read_text(encoding="utf-8")
+
+
+def explicit_anchors(path: Path) -> set[str]:
+    return set(re.findall(r'<a id="([A-Za-z0-9_-]+)"></a>', markdown_of(path)))
+
+
+@pytest.mark.parametrize("path", [*PATHS, *DOCS], ids=[*IDS, *(p.name for p in DOCS)])
+def test_every_relative_link_resolves_to_a_file_and_an_explicit_anchor(path: Path) -> None:
+    broken = []
+    for target in LINK.findall(markdown_of(path)):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file) if file else path
+        if not resolved.exists():
+            broken.append(target)
+        elif anchor and resolved.suffix in (".md", ".ipynb") \
+                and anchor not in explicit_anchors(resolved):
+            broken.append(target)
+    assert broken == []
+
+
+@pytest.mark.parametrize("path", [*REVIEWED, ROOT / "EXERCISES.md"],
+                         ids=[*REVIEWED_IDS, "EXERCISES.md"])
+def test_no_text_refers_to_a_document_the_learner_does_not_have(path: Path) -> None:
+    text = markdown_of(path)
+    assert re.findall(r"\bSPEC\b|\bspec(?:ification)? (?:section|step)", text) == []
+    assert re.findall(r"(?i)nbval|NBVAL_", text) == []  # test-tool names, not for learners
+
+
+@pytest.mark.parametrize("path", CAPTIONED, ids=[str(p.relative_to(NOTEBOOKS)) for p in CAPTIONED])
+def test_every_figure_has_a_text_alternative_and_a_caption_after_it(path: Path) -> None:
+    cells = load(path)["cells"]
+    missing = []
+    for n, cell in enumerate(cells):
+        if cell["cell_type"] == "code" and any("image/png" in o.get("data", {})
+                                               for o in cell["outputs"]):
+            alt = cell["metadata"].get("alt", "")  # what nbconvert's classic template uses
+            after = source(cells[n + 1]) if n + 1 < len(cells) else ""
+            if len(alt) < 40 or not after.startswith(f"*Figure.* {alt}"):
+                missing.append(source(cell)[:40])
+    assert missing == []
+
+
+@pytest.mark.parametrize("path", REVIEWED, ids=REVIEWED_IDS)
+def test_a_folded_answer_is_followed_by_space_before_the_next_question(path: Path) -> None:
+    text = markdown_of(path)
+    assert re.findall(r"</details>\n\n?(?:\*\*|<details>)", text) == []

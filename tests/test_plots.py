@@ -17,9 +17,9 @@ from matplotlib.colors import to_hex
 
 from conftest import ROOT
 from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue
-from queue_core.lab.plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame,
-                              plot_consumers, plot_metrics, plot_state_machine, plot_timeline,
-                              transitions_frame)
+from queue_core.lab.plots import (STATE_COLORS, Mark, consumer_turns, consumers_frame, mark,
+                                  metrics_frame, plot_consumers, plot_metrics, plot_sequence,
+                                  plot_state_machine, plot_timeline, transitions_frame)
 
 TWO_ORDERS = "\n".join([
     '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}',
@@ -175,3 +175,76 @@ def test_metrics_frame_and_plot_follow_the_samples(queue: Queue, model_clock: Mo
                                                                      "dead"]
     assert len(ages.lines) == 3
     assert ages.get_xlabel() == "model time (s)"
+    age = ages.lines[0].get_ydata()
+    assert list(age[:2]) == [0, 3] and pd.isna(age[2])  # no message due: a gap, not 0
+    assert [t.get_text() for t in ages.texts] == ["none\ndue"]
+
+
+def test_a_true_time_axis_shows_each_backoff_wait_in_whole_seconds(
+        queue: Queue, model_clock: ModelClock) -> None:
+    queue.enqueue_jsonl(TWO_ORDERS.splitlines()[0])
+    while (lease := queue.claim()) is not None:
+        outcome = queue.fail(lease, "transient_error")
+        if outcome.available_at is not None:
+            model_clock.set(outcome.available_at)
+    ready = to_hex(STATE_COLORS["ready"])
+    true_ax = plot_timeline(queue, true_time=True).axes[0]
+    waits = [(p.get_x(), p.get_width()) for p in true_ax.patches
+             if to_hex(p.get_facecolor()) == ready and p.get_x() > 1000 - 1e-9]
+    assert [w for _, w in waits if w > 0] == [1, 2]  # after the enqueue's zero-width wait
+    assert [t.get_text() for t in true_ax.texts if t.get_text().startswith("waits")] == [
+        "waits 1 s", "waits 2 s"]
+    assert "true scale" in true_ax.get_xlabel()
+    spread_ax = plot_timeline(queue).axes[0]
+    assert "journal order" in spread_ax.get_xlabel()
+    assert not any(t.get_text().startswith("waits") for t in spread_ax.texts)
+
+
+def test_a_marks_label_is_centred_under_its_cross_and_inside_the_axes(
+        stale_story: tuple[Queue, Mark]) -> None:
+    queue, rejected = stale_story
+    late = Mark(1003, rejected.after_seq + 100, "E0002", "a long label near the right edge")
+    fig = plot_timeline(queue, marks=[rejected, late], until=1004)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    crosses = [line for line in ax.lines if line.get_marker() == "X"]
+    labels = [t for t in ax.texts if t.get_text() in ("stale ACK rejected",
+                                                       "a long label near the right edge")]
+    for cross, label in zip(crosses, labels):
+        box = label.get_window_extent(renderer)
+        x = ax.transData.transform((cross.get_xdata()[0], 0))[0]
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1
+        assert box.x0 <= x <= box.x1  # the label lies right under its cross
+
+
+def test_the_sequence_diagram_draws_each_step_of_the_slow_worker_story(
+        stale_story: tuple[Queue, Mark]) -> None:
+    queue, rejected = stale_story
+    fig = plot_sequence(queue, "E0001", {1: "worker A", 2: "worker B"},
+                        marks=[("worker A", rejected)], lease_seconds=2)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts[:4] == ["clock", "worker A", "worker B", "SQLite"]
+    assert "claim -> g1, lease until 1002" in texts and "claim -> g2, lease until 1004" in texts
+    assert "g1's lease expired: back to ready" in texts
+    assert "complete(g2): effect + ACK" in texts and "stale ACK rejected" in texts
+    assert "1002: lease g1 ends" in texts and "stalled" in texts
+    leases = [(p.get_x() + p.get_width() / 2, p.get_y(), p.get_height()) for p in ax.patches]
+    assert [(round(x), y, h) for x, y, h in leases] == [(1, 1000, 2), (2, 1002.25, 1.75)]
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # time runs down
+
+
+def test_consumer_turns_count_each_change_of_writer_in_commit_order(
+        queue: Queue, handler: Handler) -> None:
+    queue.enqueue_jsonl("\n".join(
+        f'{{"event_id": "{e}", "payload": {{"category": "book", "amount_cents": {a}}}}}'
+        for e, a in (("E0100", 100), ("E0101", 200), ("E0102", 300))))
+    for _ in range(3):
+        queue.complete(queue.claim(), handler)
+    journal = transitions_frame(queue)
+    assert consumer_turns(journal, consumers_frame(_outcomes())) == 2  # 1, 2, then 1 again
+    alone = {"consumer 1": [o for os in _outcomes().values() for o in os], "consumer 2": []}
+    assert consumer_turns(journal, consumers_frame(alone)) == 0
+    title = plot_consumers(alone, journal).axes[2].get_title()
+    assert "no change of turn" in title

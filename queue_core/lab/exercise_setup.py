@@ -198,7 +198,8 @@ class NaiveRun:
 
     def __str__(self) -> str:
         if self.event_id is None:
-            return "the worker found nothing to claim"
+            return ("the worker found nothing to claim (nothing is ready: run the start "
+                    "cell again to start over)")
         text = (f"worker process claimed {self.event_id} (generation {self.generation}), "
                 f"committed {self.committed} step{'' if self.committed == 1 else 's'}")
         if self.error:

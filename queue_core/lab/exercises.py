@@ -1,6 +1,6 @@
 """Self-checking exercises: a known starting state for each, and a check that never raises.
 
-    >>> from queue_core import exercises
+    >>> from queue_core.lab import exercises
     >>> q1 = exercises.start_1(workdir)           # the reference scenario's final state
     >>> exercises.check_1(q1, edit_refusal)       # prints one verdict and returns it
 
@@ -132,12 +132,35 @@ def _compare(world: Snapshot, total: int, effects: int, states: Mapping[str, int
     return wrong
 
 
-def _bypassed(world: Snapshot) -> list[str]:
+def _bypassed(world: Snapshot, number: int) -> list[str]:
     """What the shared audit finds: rows changed around the protocol (an edited
     effect, an effect written without a worker, a state the journal never
     recorded). A right total reached that way is not a solution."""
-    return [f"the audit found {finding} (a change made around the protocol; run the "
-            "start cell again and use the queue's calls)" for finding in check(world)]
+    found = check(world)
+    if not found:
+        return []
+    return ["the audit found " + "; ".join(str(finding) for finding in found)
+            + f" (a change made around the protocol: run `start_{number}` again and use "
+              "the queue's calls)"]
+
+
+def _nudge(world: Snapshot, number: int) -> list[str]:
+    """One line for messages still waiting for a worker (``ready``), if any."""
+    waiting = sorted(e for e, m in world.messages.items() if m.state == "ready")
+    if not waiting:
+        return []
+    return [f"{', '.join(waiting)} {'is' if len(waiting) == 1 else 'are'} ready: no worker has "
+            f"processed {'it' if len(waiting) == 1 else 'them'} yet (run a worker, "
+            f"e.g. drain(q{number}, handler))"]
+
+
+def _used_start(world: Snapshot, number: int, event_id: str,
+                what: str = "a claim now finds nothing") -> str:
+    """Why nothing could be claimed: the start was used by an earlier run of the cell."""
+    stored = world.messages.get(event_id)
+    state = stored.state if stored else "gone"
+    return (f"{event_id} is already {state} from an earlier run of your cell, so {what}: "
+            f"run `start_{number}` again, then your cells once")
 
 
 def _refusal(label: str, error: Any, code: str, event_id: str,
@@ -204,7 +227,10 @@ def check_1(queue: Any, edit_refusal: Any = None) -> Verdict:
         new = sorted(set(world.messages) - {"E0001", "E0002", "E0003", "E0004"})
         if not new:
             wrong.append("a new event id expected, found none")
-        wrong += _bypassed(world)
+        elif len(new) > 1:
+            wrong.append(f"one correction event expected (a single new event of 2000: the 3 "
+                         f"effects of the start plus 1), found {len(new)}: {', '.join(new)}")
+        wrong += _nudge(world, 1) + _bypassed(world, 1)
         return _verdict(1, wrong, "E0001 stayed as accepted (its edit was refused: "
                                   f"batch_conflict) and {', '.join(new)} added the difference: "
                                   f"{figures(world.status)}")
@@ -221,13 +247,23 @@ def check_2(queue: Any, conflict_refusal: Any = None, why: Any = None) -> Verdic
         if "E0005" in world.messages:
             wrong.append(f"E0005 expected absent, found {world.messages['E0005'].state}")
         wrong += _refusal("the conflicting batch", conflict_refusal, "batch_conflict", "E0001", 2)
-        if why != WHY_WHOLE_BATCH:
-            wrong.append(f"why the whole batch goes: expected the right letter, found "
-                         f"{_plain(why)} (Hint 3 in EXERCISES.md)")
-        wrong += _bypassed(world)
+        wrong += _letter(why)
+        wrong += _bypassed(world, 2)
         return _verdict(2, wrong, "the batch was refused whole at line 2 (batch_conflict on "
                                   f"E0001), so E0005 was not added: {figures(world.status)}")
     return _checked(2, body)
+
+
+def _letter(why: Any) -> list[str]:
+    """What is wrong with the chosen explanation (a letter, any case, spaces ignored)."""
+    chosen = why.strip().strip(")").lower() if isinstance(why, str) else None
+    if chosen == WHY_WHOLE_BATCH:
+        return []
+    if chosen in ("a", "b", "c"):
+        return [f"why the whole batch goes: you chose {chosen}), which is not the right "
+                "explanation (Hint 3 in EXERCISES.md)"]
+    return [f"why the whole batch goes: expected one of the letters a, b or c, found "
+            f"{_plain(why)}"]
 
 
 def check_3(queue: Any) -> Verdict:
@@ -243,11 +279,17 @@ def check_3(queue: Any) -> Verdict:
         redrives = sum(t.reason == "redrive" for t in world.journal if t.event_id == "E0004")
         if redrives == 0:
             wrong.append("a redrive of E0004 expected, found none")
-        wrong += _bypassed(world)
+        wrong += _nudge(world, 3) + _bypassed(world, 3)
         wasted = "" if redrives < 2 else f" ({redrives - 1} redrive before the fix went dead again)"
         return _verdict(3, wrong,
                         f"toy support first, then redrive: {figures(world.status)}{wasted}")
     return _checked(3, body)
+
+
+def _stalled(world: Snapshot, event_id: str) -> list[int]:
+    """Generations whose lease ran out unfinished: a later claim journalled it expired."""
+    return [t.generation for t in world.journal
+            if t.event_id == event_id and t.reason == "lease_expired"]
 
 
 def _stale(label: str, part: Any, world: Snapshot, after_redrive: bool) -> list[str]:
@@ -258,6 +300,14 @@ def _stale(label: str, part: Any, world: Snapshot, after_redrive: bool) -> list[
         return [f"{label}: expected a pair (stalled lease, refusal), found {type(part).__name__}"]
     lease, error = part
     wrong = _refusal(label, error, "stale_generation", lease.event_id)
+    stalled = _stalled(world, lease.event_id)
+    if lease.generation not in stalled:
+        asked = (f"W{stalled[0]}, generation {stalled[0]}, whose lease expired while it "
+                 "stalled" if stalled else "a worker whose lease expired while it stalled "
+                 "(let the clock pass its lease_until before the next claim)")
+        return wrong + [f"{label}: your refusal came from W{lease.generation}'s lease "
+                        f"(generation {lease.generation}, attempt {lease.attempt}); the "
+                        f"exercise asks for the stalled worker's: {asked}"]
     stored = world.messages.get(lease.event_id)
     if stored is not None and stored.generation <= lease.generation:
         wrong.append(f"{label}: generation of {lease.event_id} expected above the stalled "
@@ -278,10 +328,15 @@ def check_4(queue: Any, before_redrive: Any = None, after_redrive: Any = None) -
         world = _read(queue)
         if before_redrive is None and after_redrive is None and _untouched(world, 4):
             raise _NotAttempted("let a stalled worker's lease expire, then try its late ACK")
+        parts = (before_redrive, after_redrive)
+        no_lease = any(isinstance(p, tuple) and p and p[0] is None for p in parts)
+        story_over = parts == (None, None) and world.status.states.get("done") == 1
+        if no_lease or story_over:  # the cell ran again on a used start: claims found nothing
+            return Verdict(4, NOT_QUITE, _used_start(world, 4, "E0004"))
         wrong = _compare(world, 3000, 1, _states(done=1))
         wrong += _stale("before the redrive", before_redrive, world, after_redrive=False)
         wrong += _stale("after the redrive", after_redrive, world, after_redrive=True)
-        wrong += _bypassed(world)
+        wrong += _nudge(world, 4) + _bypassed(world, 4)
         late = after_redrive[0] if not wrong else None
         stalled = f"generation {late.generation}, attempt {late.attempt}" if late else ""
         return _verdict(4, wrong, f"the generation fenced the stalled lease ({stalled}) before "
@@ -358,6 +413,9 @@ def check_6(queue: Any, naive_run: Any = None) -> Verdict:
         if not isinstance(naive_run, NaiveRun):
             return Verdict(6, NOT_QUITE, "the naive worker's run: expected what "
                                          f"run_naive_worker returned, found {_plain(naive_run)}")
+        if naive_run.event_id is None:
+            return Verdict(6, NOT_QUITE, _used_start(
+                world, 6, "E0003", "the naive worker found nothing to claim"))
         if naive_run.error:
             return Verdict(6, NOT_QUITE, f"step {naive_run.committed + 1} failed in the worker: "
                                          f"{naive_run.error}")

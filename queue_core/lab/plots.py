@@ -69,9 +69,11 @@ def _mark_order(marks: Sequence[Mark]) -> list[float]:
     return [m.after_seq + 0.5 + n / (2 * len(marks) + 2) for n, m in enumerate(marks)]
 
 
-def _positions(frame: "pd.DataFrame", marks: Sequence[Mark]) -> dict[float, float]:
+def _positions(frame: "pd.DataFrame", marks: Sequence[Mark], *,
+               spread: bool = True) -> dict[float, float]:
     """x of each journal row (by seq) and mark (by ``_mark_order``): its model second,
-    plus its rank among the steps of that second, so order within a second shows."""
+    plus (``spread``) its rank among the steps of that second, so order within a
+    second shows."""
     keys = [(int(at), float(seq)) for seq, at in zip(frame.index, frame["at"])]
     keys += [(m.at, order) for m, order in zip(marks, _mark_order(marks))]
     by_second: dict[int, list[float]] = {}
@@ -80,23 +82,30 @@ def _positions(frame: "pd.DataFrame", marks: Sequence[Mark]) -> dict[float, floa
     x: dict[float, float] = {}
     for second, orders in by_second.items():
         for rank, order in enumerate(sorted(orders)):
-            x[order] = second + _SPREAD * rank / len(orders)
+            x[order] = second + (_SPREAD * rank / len(orders) if spread else 0.0)
     return x
 
 
 def plot_timeline(source: "Queue | pd.DataFrame", *, marks: Sequence[Mark] = (),
                   title: str = "Each message's state over model time",
-                  until: int | None = None) -> "Figure":
+                  until: int | None = None, true_time: bool = False) -> "Figure":
     """One lane per event id: coloured by the state entered, claims labelled ``g`` +
-    generation, expired leases as ``x``, marks as red crosses with their label."""
+    generation, expired leases as ``x``, marks as red crosses with their label.
+
+    By default steps that share a model second are spread out across it in
+    journal order, so their ORDER shows. ``true_time=True`` draws every step
+    at its model second instead, so DURATIONS can be read off the axis (a
+    backoff's wait is labelled in seconds); steps of one second then coincide.
+    """
     import matplotlib.pyplot as plt
 
     frame: pd.DataFrame = source if hasattr(source, "columns") else transitions_frame(source)
     events = sorted(set(frame["event_id"]) | {m.event_id for m in marks})
-    x = _positions(frame, marks)
+    x = _positions(frame, marks, spread=not true_time)
     first = min([*frame["at"], *(m.at for m in marks)])
     end = max([*frame["at"], *(m.at for m in marks)]) + 1 if until is None else until
-    lane_inches = 0.55 if len(events) <= 8 else 0.4  # keep twenty lanes on one screen
+    # keep twenty lanes on one screen; a mark's label needs room between two lanes
+    lane_inches = 0.75 if marks else 0.55 if len(events) <= 8 else 0.4
     # at least 2.8 inches high, so the legend beside a single lane still fits
     fig, ax = plt.subplots(figsize=(FIG_WIDTH, max(2.8, 1.3 + lane_inches * len(events))))
     for lane, event_id in enumerate(events):
@@ -106,23 +115,41 @@ def plot_timeline(source: "Queue | pd.DataFrame", *, marks: Sequence[Mark] = (),
             ax.barh(lane, stop - start, left=start, height=0.5,
                     color=STATE_COLORS[State(row["to_state"])], edgecolor="white")
             _draw_step(ax, lane, start, row)
-    middle = (first + end) / 2
-    for m, order in zip(marks, _mark_order(marks)):
-        _draw_mark(ax, events.index(m.event_id), x[order], m.label, right=x[order] > middle)
-    _timeline_axes(ax, events, int(first), end, title, room_below=bool(marks))
+            if true_time and row["reason"] == "transient_error" and stop - start >= 0.5:
+                ax.text((start + stop) / 2, lane, f"waits {stop - start:g} s", ha="center",
+                        va="center", fontsize=8, color="white", fontweight="bold")
+    labels = [_draw_mark(ax, events.index(m.event_id), x[order], m.label)
+              for m, order in zip(marks, _mark_order(marks))]
+    _timeline_axes(ax, events, int(first), end, title, room_below=bool(marks),
+                   true_time=true_time)
     _timeline_legend(ax, expired=bool((frame["reason"] == "lease_expired").any()),
                      marked=bool(marks))
     fig.tight_layout()
+    _keep_inside(fig, ax, labels)
     return fig
 
 
-def _draw_mark(ax: Any, lane: int, at: float, label: str, *, right: bool) -> None:
-    """A red cross on the lane; its label below the bar, growing away from the nearer
-    edge of the axes so that it stays inside them."""
+def _draw_mark(ax: Any, lane: int, at: float, label: str) -> Any:
+    """A red cross on the lane; its label centred right under the cross, below the bar."""
     ax.plot(at, lane, marker="X", color="crimson", markersize=11, markeredgecolor="black")
-    ax.annotate(label, (at, lane + 0.25), xytext=(0, -2), textcoords="offset points",
-                ha="right" if right else "left", va="top", fontsize=8, color="crimson",
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9})
+    return ax.annotate(label, (at, lane + 0.25), xytext=(0, -2), textcoords="offset points",
+                       ha="center", va="top", fontsize=8, color="crimson",
+                       bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                             "alpha": 0.9})
+
+
+def _keep_inside(fig: Any, ax: Any, labels: Sequence[Any]) -> None:
+    """Shift a label that would stick out of the axes back in, as little as needed."""
+    if not labels:
+        return
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    points = 72 / fig.dpi
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        shift = max(0.0, frame.x0 + 2 - box.x0) - max(0.0, box.x1 - frame.x1 + 2)
+        if shift:
+            label.set_position((shift * points, -2))
 
 
 def _timeline_legend(ax: Any, *, expired: bool, marked: bool) -> None:
@@ -152,13 +179,14 @@ def _draw_step(ax: Any, lane: int, start: float, row: Any) -> None:
 
 
 def _timeline_axes(ax: Any, events: list[str], first: int, end: float, title: str, *,
-                   room_below: bool) -> None:
+                   room_below: bool, true_time: bool) -> None:
     ax.set_yticks(range(len(events)), events)
     # room under the last lane for a mark's label
     ax.set_ylim(len(events) - (0.1 if room_below else 0.4), -0.7)
     ax.set_xlim(first - 0.1, end)
     ax.set_xticks(range(first, int(end) + 1))
-    ax.set_xlabel("model time (s); steps within one second are spread out in journal order")
+    ax.set_xlabel("model time (s), true scale: steps of one second share its tick" if true_time
+                  else "model time (s); steps within one second are spread out in journal order")
     ax.set_title(title)
     ax.grid(axis="x", color="0.85")
     ax.set_axisbelow(True)
@@ -284,13 +312,24 @@ def _plot_steps(ax: Any, journal: "pd.DataFrame", frame: "pd.DataFrame", names: 
                    marker="o" if state == State.LEASED else "s")
     _lanes(ax, lanes)
     ax.set_xlabel("step in commit order (journal); every step at the same model second")
-    ax.set_title("one writer at a time: claims and ACKs in the order SQLite committed them",
-                 fontsize=10)
+    turns = consumer_turns(journal, frame)
+    said = (f"{turns} change{'' if turns == 1 else 's'} of turn" if turns else
+            "no change of turn: one process won the lock first and kept it to the end")
+    ax.set_title(f"one writer at a time, in the order SQLite committed: {said}", fontsize=10)
     ax.legend(handles=[Line2D([], [], ls="", marker="o", color=STATE_COLORS[State.LEASED],
                               label="claim (to leased)"),
                        Line2D([], [], ls="", marker="s", color=STATE_COLORS[State.DONE],
                               label="ACK (to done)")],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+
+
+def consumer_turns(journal: "pd.DataFrame", frame: "pd.DataFrame") -> int:
+    """How often the writer changed from one consumer to the other, in commit order
+    (``frame``: ``consumers_frame``, saying which consumer reported each event)."""
+    owner = dict(zip(frame["event_id"], frame["consumer"]))
+    steps = journal[journal["event_id"].isin(owner.keys()) & journal["from_state"].notna()]
+    who = [owner[e] for e in steps["event_id"]]
+    return sum(a != b for a, b in zip(who, who[1:]))
 
 
 def metrics_frame(samples: Iterable[Metrics]) -> "pd.DataFrame":
@@ -307,7 +346,8 @@ def plot_metrics(samples: Iterable[Metrics],
                  title: str = "Queue metrics over model time") -> "Figure":
     """Depth by state (stacked) above; below, the age of the oldest due message, the
     attempts spent by dead messages and the expired leases no claim has noticed yet.
-    The age is drawn as 0 while no message is due (``oldest_ready_age`` is ``None``)."""
+    While no message is due (``oldest_ready_age`` is ``None``) the age line has a
+    gap, labelled "none due": an age of 0 would claim a message just arrived."""
     import matplotlib.pyplot as plt
 
     frame = metrics_frame(samples)
@@ -320,8 +360,13 @@ def plot_metrics(samples: Iterable[Metrics],
     depth.set_ylabel("messages")
     depth.set_title(title)
     depth.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
-    ages.step(seconds, frame["oldest_ready_age"].to_numpy(dtype=float, na_value=0.0),
-              where="post", color=STATE_COLORS[State.READY], label="age of oldest due message (s)")
+    age = frame["oldest_ready_age"].to_numpy(dtype=float, na_value=float("nan"))
+    ages.step(seconds, age, where="post", color=STATE_COLORS[State.READY],
+              label="age of oldest due message (s)")
+    for second, value in zip(seconds, age):
+        if value != value:  # NaN: no message was due at this second
+            ages.text(second, 0.3, "none\ndue", ha="left", va="bottom", fontsize=7,
+                      color=STATE_COLORS[State.READY])
     ages.step(seconds, frame["dead_attempts"].to_numpy(dtype=float), where="post",
               color=STATE_COLORS[State.DEAD], label="attempts spent by dead messages")
     ages.step(seconds, frame["expired_leases"].to_numpy(dtype=float), where="post",
@@ -334,3 +379,106 @@ def plot_metrics(samples: Iterable[Metrics],
         ax.grid(axis="y", color="0.85")
     fig.tight_layout()
     return fig
+
+
+def plot_sequence(source: "Queue | pd.DataFrame", event_id: str, workers: Mapping[int, str], *,
+                  marks: Sequence[tuple[str, Mark]] = (), lease_seconds: int | None = None,
+                  title: str = "Who talks to SQLite, and when") -> "Figure":
+    """A sequence diagram of one message: clock, each worker, SQLite.
+
+    Model time runs down. Every journal row of ``event_id`` is an arrow from the
+    worker holding that generation (``workers``: generation -> name) to SQLite,
+    or a note on SQLite's line (an expired lease it noticed, a redrive). A
+    worker's lease is a bar on its line until ``lease_until``; ``marks`` are
+    ``(worker, Mark)`` pairs for what the journal cannot hold (a rejected ACK).
+    """
+    import matplotlib.pyplot as plt
+
+    frame: pd.DataFrame = source if hasattr(source, "columns") else transitions_frame(source)
+    rows = frame[frame["event_id"] == event_id]
+    names = list(dict.fromkeys(workers.values()))
+    columns = {"clock": 0.0, **{n: 1.0 + i for i, n in enumerate(names)}, "SQLite": 1.0 + len(names)}
+    rows = rows[rows["from_state"].notna()]  # the enqueue is no worker's step
+    only = [m for _, m in marks]
+    y = _sequence_heights(rows, only)
+    lease = lease_seconds if lease_seconds is not None else 0
+    span = max([*rows["at"], *(m.at for m in only)]) - min(rows["at"])
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 2.0 + 0.85 * span))
+    for name, cx in columns.items():
+        ax.text(cx, -0.35 + min(rows["at"]), name, ha="center", va="bottom", fontsize=11,
+                fontweight="bold")
+        ax.axvline(cx, color="0.75", ls="--", lw=1, zorder=0)
+    sqlite = columns["SQLite"]
+    for seq, row in rows.iterrows():
+        at = y[float(seq)]
+        who = workers.get(int(row["generation"]))
+        if row["reason"] == "claimed" and who is not None:
+            until = row["at"] + lease
+            ax.add_patch(plt.Rectangle((columns[who] - 0.06, at), 0.12, until - at,
+                                       color=STATE_COLORS[State.LEASED], alpha=0.45, lw=0))
+            _arrow(ax, columns[who], sqlite, at, f"claim -> g{row['generation']}, lease until "
+                                               f"{until}" if lease else f"claim -> g{row['generation']}",
+                   "black")
+            ax.text(columns["clock"] + 0.05, until, f"{until}: lease g{row['generation']} ends",
+                    va="center", fontsize=8, color=STATE_COLORS[State.LEASED])
+        elif row["reason"] == "completed" and who is not None:
+            _arrow(ax, columns[who], sqlite, at, f"complete(g{row['generation']}): effect + ACK",
+                   STATE_COLORS[State.DONE])
+        elif who is not None and row["from_state"] == str(State.LEASED) \
+                and row["reason"] != "lease_expired":
+            _arrow(ax, columns[who], sqlite, at, f"{row['reason']} (g{row['generation']}) -> "
+                                               f"{row['to_state']}", STATE_COLORS[State(row["to_state"])])
+        else:
+            note = _NOTES.get(row["reason"], "{reason}: g{generation} -> {to_state}")
+            ax.text(sqlite + 0.08, at, note.format(**row), va="center", fontsize=8,
+                    color=STATE_COLORS[State(row["to_state"])])
+    for (who, m), order in zip(marks, _mark_order(only)):
+        claims = rows[(rows["reason"] == "claimed") & (rows["generation"].map(workers) == who)]
+        if len(claims):  # the worker was silent from its last claim to this moment
+            since = y[float(claims.index[-1])]
+            ax.plot([columns[who]] * 2, [since, y[order]], color="0.35", lw=2.5, ls=":")
+            ax.text(columns[who] - 0.08, (since + y[order]) / 2, "stalled", rotation=90,
+                    ha="right", va="center", fontsize=8, color="0.35")
+        _arrow(ax, columns[who], sqlite, y[order], m.label, "crimson", rejected=True)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=STATE_COLORS[State.LEASED], alpha=0.45,
+                             label="lease held (until lease_until)")],
+              loc="lower right", fontsize=8, frameon=False)
+    ax.set_xlim(-0.4, sqlite + 1.6)
+    top, bottom = min(rows["at"]) - 0.5, max([*rows["at"], *(m.at for m in only)]) + 1.2
+    ax.set_ylim(bottom, top)
+    ax.set_yticks(range(int(min(rows["at"])), int(bottom) + 1))
+    ax.set_ylabel("model time (s), running down")
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+_NOTES = {"lease_expired": "g{generation}'s lease expired: back to ready",
+          "redrive": "redrive: dead -> ready (generation kept)"}
+
+
+def _sequence_heights(rows: "pd.DataFrame", marks: Sequence[Mark]) -> dict[float, float]:
+    """y of each journal row and mark: its model second, then a quarter second
+    down for each earlier step of that second, in journal order."""
+    keys = [(int(at), float(seq)) for seq, at in zip(rows.index, rows["at"])]
+    keys += [(m.at, order) for m, order in zip(marks, _mark_order(marks))]
+    y: dict[float, float] = {}
+    for second in sorted({at for at, _ in keys}):
+        same = sorted(order for at, order in keys if at == second)
+        y.update({order: second + 0.25 * rank for rank, order in enumerate(same)})
+    return y
+
+
+def _arrow(ax: Any, x0: float, x1: float, y: float, label: str, color: Any, *,
+           rejected: bool = False) -> None:
+    """A message from one line to another at height ``y``, labelled above it."""
+    ax.annotate("", (x1, y), xytext=(x0, y),
+                arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.5,
+                            "ls": "--" if rejected else "-"})
+    ax.text((x0 + x1) / 2, y - 0.04, label, ha="center", va="bottom", fontsize=8, color=color)
+    if rejected:
+        ax.plot(x1 - 0.08, y, marker="X", color="crimson", markersize=10, markeredgecolor="black")
