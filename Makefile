@@ -10,13 +10,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: course test unit nbval notebooks bench reliability clean help
+.PHONY: course test unit nbval notebooks bench reliability explore clean help
 help:
 	@echo "make course       set up and open the course in JupyterLab"
 	@echo "make test         set up and run every test (unit tests, then nbval on the notebooks)"
 	@echo "make notebooks    re-execute every notebook in place (maintainers)"
 	@echo "make bench        throughput against the SQLite commit limit"
 	@echo "make reliability  crash sweep, fuzzing and stress figures (SOAK=1 for a long run)"
+	@echo "make explore      every schedule of a small scenario, per protocol (about 30 s)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +48,9 @@ bench: $(STAMP)
 
 reliability: $(STAMP)
 	$(PY) benchmarks/reliability.py
+
+explore: $(STAMP)
+	$(PY) benchmarks/explore.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
