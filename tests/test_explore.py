@@ -112,7 +112,7 @@ def test_a_schedule_cut_by_the_bound_is_finished_by_a_fresh_worker() -> None:
     assert [(t.to_state.value, t.generation, t.reason) for t in again.journal] == [
         ("ready", 0, "enqueued"), ("leased", 1, "claimed"), ("ready", 1, "lease_expired"),
         ("leased", 2, "claimed"), ("done", 2, "completed")]
-    assert [m.label for m in again.marks] == ["W1 crashes holding E0001 (g1)"]
+    assert [m.label for m in again.marks] == ["W1 crashes"]
 
 
 def test_the_restored_file_is_the_whole_state(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import audit
 from ..clock import ModelClock
@@ -62,9 +62,12 @@ from ..queue import Queue
 from ..values import Effect, Lease, State
 from .contrasts import PROTOCOLS, Protocol, _effect, _mark_done, _write_ledger
 from .faults import FlakyHandler
-from .plots import Mark
+from .plots import FIG_WIDTH, Mark
 from .scenario import LEASE_SECONDS, START
 from .sweep import run_to_completion
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SPLIT = ("mark then write", "write then mark")
 
@@ -550,11 +553,28 @@ def replay(protocol: str, scenario: Scenario, schedule: tuple[Step, ...] | list[
             said.append(text)
             findings.append(tuple(str(f) for f in audit.check(after)))
             if marked and holder is not None:
-                last = snap.journal[-1].seq if snap.journal else 0
-                marks.append(Mark(world.now, last, holder, text))
+                _add_mark(marks, snap, world.now, holder, _short(text))
             snap = after
     return Replay(tuple(schedule), tuple(said), tuple(findings), snap.journal, tuple(marks),
                   snap.money)
+
+
+def _short(text: str) -> str:
+    """A mark's label: who and what, without the event (the lane says it)."""
+    who, rest = text.split(" ", 1)
+    if "rejected" in rest:
+        return f"{who}'s {rest.split()[0]} rejected: {rest.rsplit(': ', 1)[1]}"
+    return f"{who} {rest.split(' E0')[0].split(' holding')[0].removesuffix(' of')}"
+
+
+def _add_mark(marks: list[Mark], snap: audit.Snapshot, now: int, event_id: str,
+              label: str) -> None:
+    """Mark ``label`` after the journal so far; join it to a mark in the same place,
+    so that two labels never print over each other."""
+    last = snap.journal[-1].seq if snap.journal else 0
+    if marks and (marks[-1].after_seq, marks[-1].event_id) == (last, event_id):
+        label = f"{marks.pop().label}, then {label.split(' ', 1)[1]}"
+    marks.append(Mark(now, last, event_id, label))
 
 
 def _holder(world: World, step: Step) -> str | None:
@@ -563,6 +583,30 @@ def _holder(world: World, step: Step) -> str | None:
         return None
     state = world.workers[int(step.who[1:]) - 1]
     return state[1].event_id if state != IDLE else None
+
+
+def plot_state_space(run: Exploration, title: str | None = None) -> "Figure":
+    """Left: distinct states by the fewest steps that reach them. Right: schedules
+    by length, as a run without merging would meet them one by one (log scale)."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(FIG_WIDTH, 3.6))
+    left.bar(range(len(run.states_by_depth)), run.states_by_depth, color="#4C72B0")
+    left.set_title(f"{run.states:,} distinct states", fontsize=10)
+    left.set_xlabel("fewest steps to reach the state")
+    left.set_ylabel("states")
+    lengths = list(run.schedules_by_length)
+    right.bar(lengths, list(run.schedules_by_length.values()), color="#DD8452")
+    right.set_yscale("log")
+    right.set_title(f"{run.schedules:,} schedules, each run to its end", fontsize=10)
+    right.set_xlabel("steps in the schedule")
+    right.set_ylabel("schedules (log scale)")
+    for ax in (left, right):
+        ax.grid(axis="y", color="0.85")
+        ax.set_axisbelow(True)
+    fig.suptitle(title or f"{run.protocol}: {run.scenario}", fontsize=11)
+    fig.tight_layout()
+    return fig
 
 
 def explore_all(scenario: Scenario = DEFAULT, *, merge: bool = True) -> Iterator[Exploration]:
