@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: setup course test unit nbval notebooks bench reliability clean help
+.PHONY: setup course test unit nbval notebooks bench reliability explore clean help
 help:
 	@echo "make course       set up and open the course in JupyterLab"
 	@echo "make test         set up and run every test (unit tests, then nbval on the notebooks)"
@@ -19,6 +19,7 @@ help:
 	@echo "make notebooks    re-execute every notebook in place (maintainers)"
 	@echo "make bench        throughput against the SQLite commit limit and peer queues"
 	@echo "make reliability  crash sweep, fuzzing and stress figures (SOAK=1 for a long run)"
+	@echo "make explore      every schedule of a small scenario, per protocol (about 30 s)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +54,9 @@ bench: $(STAMP)
 
 reliability: $(STAMP)
 	$(PY) benchmarks/reliability.py
+
+explore: $(STAMP)
+	$(PY) benchmarks/explore.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,615 @@
+"""Every interleaving: run every schedule of a small scenario on the real engine.
+
+The crash sweep kills one worker at each step of one schedule; the stress run
+tries many random schedules. Neither says "no schedule breaks it". The
+explorer does, for a small scenario: it runs every schedule on the real
+``Queue`` (or a broken contrast's subclass) on a real SQLite file, audits the
+file after every step with ``queue_core.audit``, and checks the scenario's
+promise at every end.
+
+The unit of interleaving is one transaction of the engine. SQLite runs one
+writer at a time, so a transaction is atomic to every other worker: nothing
+can happen "inside" a claim, an ACK, a fail, a redrive or an enqueue. Besides
+transactions, a schedule has two more kinds of step:
+
+- the model clock jumps to the next moment something is due (a lease
+  deadline, the end of a backoff); a worker that is not scheduled while the
+  clock jumps has *stalled* past its lease;
+- a worker that holds a lease crashes and restarts with nothing: it forgets
+  its lease. A crash inside a transaction leaves what a crash just before it
+  leaves (SQLite rolls the transaction back; notebook 07 shows it with real
+  processes), so crashes between steps cover every crash point.
+
+A worker is a small state machine over the public API, stepped one
+transaction at a time: ``idle`` claims; ``holding`` a lease runs the ACK
+(``complete``); an ACK that raised a transient or permanent failure leaves it
+``failing``, and its next step is ``fail``; a lost lease makes it ``idle``.
+The two split contrasts ("mark then write", "write then mark") ACK in two
+transactions, so for them the ACK is two steps with ``between`` in the middle:
+the explorer runs each half exactly as ``MarkThenWrite.complete`` and
+``WriteThenMark.complete`` run it, from the same pieces of
+``queue_core.lab.contrasts`` (a test holds the two halves to the subclass's
+own ``complete``). The protocol and "no generation check" ACK in one step by
+calling their class's ``complete`` and ``fail``.
+
+Depth first, every schedule is run; between branches the database file is
+restored from its image (the bytes of the file: every step closes its
+connection, so SQLite has checkpointed the WAL into the file). Writing the
+image back in place (``os.pwrite``) takes microseconds. Two schedules that
+reach the same stored state (messages and effect rows), clock, worker states
+and remaining budgets continue alike, so they are merged. The journal is left
+out of that key: its ``seq`` and ``at`` differ between orders that end alike,
+and the audit's journal checks of a clean history depend only on the stored
+state it led to. Since the state graph is recorded, the shortest schedule to
+a violation is found breadth first on it, and ``replay`` runs it again on a
+fresh file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from .. import audit
+from ..clock import ModelClock
+from ..errors import InvalidPayload, LeaseLost, TransientError
+from ..queue import Queue
+from ..values import Effect, Lease, State
+from .contrasts import PROTOCOLS, Protocol, _effect, _mark_done, _write_ledger
+from .faults import FlakyHandler
+from .plots import FIG_WIDTH, Mark
+from .scenario import LEASE_SECONDS, START
+from .sweep import run_to_completion
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SPLIT = ("mark then write", "write then mark")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What may happen: the events, the workers, and the budgets of the schedule.
+
+    ``transient`` events fail their first attempt with a transient error;
+    ``crashes``, ``jumps`` and ``redrives`` bound the crashes, clock jumps and
+    operator redrives one schedule may contain.
+    """
+
+    events: tuple[tuple[str, str, int], ...]
+    workers: int = 2
+    transient: tuple[str, ...] = ()
+    crashes: int = 1
+    jumps: int = 3
+    redrives: int = 1
+    lease_seconds: int = LEASE_SECONDS
+    max_attempts: int = 3
+    start: int = START
+
+    def jsonl(self) -> str:
+        return "".join(f'{{"event_id": "{e}", "payload": {{"category": "{c}", '
+                       f'"amount_cents": {a}}}}}\n' for e, c, a in self.events)
+
+    def handler(self) -> FlakyHandler:
+        return FlakyHandler(first_attempt=self.transient)
+
+    def __str__(self) -> str:
+        return (f"{self.workers} workers x {len(self.events)} events "
+                f"({', '.join(self.transient) or 'none'} failing once), {self.crashes} crash, "
+                f"{self.jumps} clock jumps, {self.redrives} redrive, lease {self.lease_seconds} s")
+
+
+DEFAULT = Scenario(events=(("E0001", "book", 10000), ("E0002", "pen", 2000)),
+                   transient=("E0002",))
+SMALL = Scenario(events=(("E0001", "book", 10000),), transient=("E0001",), jumps=2)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a schedule: ``who`` (W1, W2, producer, clock, operator) does ``what``."""
+
+    who: str
+    what: str
+    arg: int | str | None = None
+
+    def __str__(self) -> str:
+        if self.what == "jump":
+            return f"the clock jumps to {self.arg}"
+        if self.what == "redrive":
+            return f"the operator redrives {self.arg}"
+        if self.what == "enqueue":
+            return "the producer enqueues the events"
+        if self.what == "finish":
+            return "the clock runs free and a fresh worker finishes the queue"
+        return f"{self.who} {self.what}"
+
+
+# The end of a schedule the bound cut short: a fresh worker, the clock free.
+FINISH = Step("clock", "finish")
+
+# A worker's state, hashable: ("idle",), ("holding", lease),
+# ("between", lease, effect) inside a split ACK, ("failing", lease, code, permanent).
+IDLE: tuple[Any, ...] = ("idle",)
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything besides the file: model time, the workers, budgets left."""
+
+    now: int
+    workers: tuple[tuple[Any, ...], ...]
+    enqueued: bool
+    crashes: int
+    jumps: int
+    redrives: int
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A schedule that broke a promise: its steps, what was found, the journal then."""
+
+    schedule: tuple[Step, ...]
+    findings: tuple[str, ...]
+    journal: tuple[Any, ...]
+
+
+@dataclass
+class Exploration:
+    """What one exhaustive run found. ``schedules`` counts every maximal schedule
+    (as a tree without merging would run them); ``states`` the distinct ones."""
+
+    protocol: str
+    scenario: Scenario
+    merged: bool
+    states: int = 0
+    steps_run: int = 0
+    tree_steps: int = 0
+    schedules: int = 0
+    ends: int = 0
+    finished_after_bound: int = 0
+    seconds: float = 0.0
+    violations: list[Violation] = field(default_factory=list)
+    shortest: Violation | None = None
+    states_by_depth: list[int] = field(default_factory=list)
+    schedules_by_length: dict[int, int] = field(default_factory=dict)
+
+
+class _Runner:
+    """One protocol's queue on one file, and the steps that move it."""
+
+    def __init__(self, proto: Protocol, scenario: Scenario, path: Path) -> None:
+        self.proto, self.scenario, self.path = proto, scenario, path
+        self.clock = ModelClock(scenario.start)
+        # Power loss is not part of this model (the power-loss sweep covers it):
+        # no fsync, so a step costs what SQLite's logic costs.
+        self.queue: Queue = proto.open(path, clock=self.clock, lease_seconds=scenario.lease_seconds,
+                                       max_attempts=scenario.max_attempts, synchronous="OFF")
+        self.handler = scenario.handler()
+        self.fd = os.open(path, os.O_RDWR)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def image(self) -> bytes:
+        # A reader (the audit's snapshot) may leave an empty WAL behind; frames
+        # in it would mean the file alone is not the state.
+        wal = f"{self.path}-wal"
+        if os.path.exists(wal) and os.path.getsize(wal):
+            raise RuntimeError("the WAL holds frames: the file is not the whole state")
+        return Path(self.path).read_bytes()
+
+    def restore(self, image: bytes) -> None:
+        """Write ``image`` back in place: faster than replacing the file."""
+        os.pwrite(self.fd, image, 0)
+        os.ftruncate(self.fd, len(image))
+
+    def start(self) -> World:
+        s = self.scenario
+        return World(s.start, (IDLE,) * s.workers, False, s.crashes, s.jumps, s.redrives)
+
+    def apply(self, world: World, step: Step) -> tuple[World, str, bool]:
+        """Run ``step`` from ``world`` (the file must hold that state). Return the new
+        world, what happened in words, and whether the journal cannot show it (a
+        rejected ACK, a crash, a write to the contrasts' ledger): then a plot marks it."""
+        self.clock.set(world.now)
+        if step.what == "enqueue":
+            self.queue.enqueue_jsonl(self.scenario.jsonl())
+            return replace(world, enqueued=True), str(step), False
+        if step.what == "jump":
+            assert isinstance(step.arg, int)
+            return replace(world, now=step.arg, jumps=world.jumps - 1), str(step), False
+        if step.what == "redrive":
+            assert isinstance(step.arg, str)
+            self.queue.redrive(step.arg)
+            return replace(world, redrives=world.redrives - 1), str(step), False
+        n = int(step.who[1:]) - 1
+        state, said, marked = self._work(world.workers[n], step.what)
+        workers = world.workers[:n] + (state,) + world.workers[n + 1:]
+        crashes = world.crashes - (step.what == "crashes")
+        return replace(world, workers=workers, crashes=crashes), f"{step.who} {said}", marked
+
+    def _work(self, state: tuple[Any, ...], what: str) -> tuple[tuple[Any, ...], str, bool]:
+        if what == "claims":
+            lease = self.queue.claim()
+            if lease is None:
+                return IDLE, "claims nothing", False
+            return ("holding", lease), f"claims {_held(lease)}, lease until {lease.lease_until}", False
+        lease: Lease = state[1]
+        if what == "crashes":
+            return IDLE, f"crashes holding {_held(lease)}", True
+        try:
+            if what == "fails":
+                outcome = self.queue.fail(lease, state[2], permanent=state[3])
+                return IDLE, f"reports the failure of {_held(lease)}: {outcome.kind}", False
+            return self._ack(state, what)
+        except (TransientError, InvalidPayload) as exc:
+            failing = ("failing", lease, exc.code, isinstance(exc, InvalidPayload))
+            return failing, f"ACK of {_held(lease)} fails: {exc.code}", False
+        except LeaseLost as exc:
+            return IDLE, f"{what.split()[0].lower()} of {_held(lease)} rejected: {exc.code}", True
+
+    def _ack(self, state: tuple[Any, ...], what: str) -> tuple[tuple[Any, ...], str, bool]:
+        lease: Lease = state[1]
+        if self.proto.name not in SPLIT:
+            effect = self.queue.complete(lease, self.handler)
+            return IDLE, f"ACKs {_held(lease)}: done, +{effect.amount_cents}", False
+        marks_first = self.proto.name == "mark then write"
+        if what == "ACKs (part 1)":
+            effect = self._first_half(lease)
+            said = ("marks {} done, effect not written yet" if marks_first
+                    else "writes the effect of {}, not marked done yet").format(_held(lease))
+            return ("between", lease, effect), said, not marks_first
+        self._second_half(lease, state[2])
+        said = "writes the effect of {}" if marks_first else "marks {} done"
+        return IDLE, said.format(_held(lease)), marks_first
+
+    # The halves of MarkThenWrite.complete and WriteThenMark.complete, one
+    # transaction each, from the same pieces in the same order.
+    def _first_half(self, lease: Lease) -> Effect:
+        with self.queue.transaction() as conn:
+            effect = _effect(conn, self.queue, lease, self.handler)
+            if self.proto.name == "mark then write":
+                _mark_done(conn, self.queue, lease)
+            else:
+                _write_ledger(conn, lease.event_id, effect)
+        return effect
+
+    def _second_half(self, lease: Lease, effect: Effect) -> None:
+        with self.queue.transaction() as conn:
+            if self.proto.name == "mark then write":
+                _write_ledger(conn, lease.event_id, effect)
+            else:
+                self.queue.fence(conn, lease)
+                _mark_done(conn, self.queue, lease)
+
+    def enabled(self, world: World, snap: audit.Snapshot) -> list[Step]:
+        """Every step that can change something, in a fixed order."""
+        if not world.enqueued:
+            return [Step("producer", "enqueue")]
+        messages = snap.messages.values()
+        claimable = any((m.state == State.READY and m.available_at <= world.now)
+                        or (m.state == State.LEASED and m.lease_until is not None
+                            and m.lease_until <= world.now) for m in messages)
+        steps = []
+        for n, state in enumerate(world.workers, start=1):
+            steps += [Step(f"W{n}", what) for what in self._worker_steps(state, claimable)]
+            if state != IDLE and world.crashes:
+                steps.append(Step(f"W{n}", "crashes"))
+        due = [m.available_at if m.state == State.READY else m.lease_until for m in messages
+               if m.state in (State.READY, State.LEASED)]
+        future = [t for t in due if t is not None and t > world.now]
+        if future and world.jumps:
+            steps.append(Step("clock", "jump", min(future)))
+        if world.redrives:
+            steps += [Step("operator", "redrive", m.event_id) for m in messages
+                      if m.state == State.DEAD]
+        return steps
+
+    def _worker_steps(self, state: tuple[Any, ...], claimable: bool) -> list[str]:
+        kind = state[0]
+        if kind == "idle":
+            return ["claims"] if claimable else []
+        if kind == "holding":
+            return ["ACKs (part 1)" if self.proto.name in SPLIT else "ACKs"]
+        if kind == "between":
+            return ["ACKs (part 2)"]
+        return ["fails"]
+
+    def finish(self) -> None:
+        """A fresh worker finishes the queue with the clock free (the budget ran out)."""
+        run_to_completion(self.queue, self.clock, self.handler)
+
+
+def _held(lease: Lease) -> str:
+    return f"{lease.event_id} (g{lease.generation})"
+
+
+def state_key(snap: audit.Snapshot, world: World) -> tuple[Any, ...]:
+    """What decides the future: stored rows, clock, workers, budgets (not the journal)."""
+    rows = tuple(sorted((r.table, r.event_id, r.category, r.amount_cents) for r in snap.effect_rows))
+    return (tuple(snap.messages.values()), rows, world)
+
+
+def broken_promise(snap: audit.Snapshot, scenario: Scenario) -> list[str]:
+    """At an end: every event done once with its effect, or dead with a reason;
+    the money the done events' amounts; the audit finds nothing."""
+    problems = [str(f) for f in audit.check(snap)]
+    written = Counter(row.event_id for row in snap.effect_rows)
+    expected = 0
+    for event_id, _, amount in scenario.events:
+        message = snap.messages.get(event_id)
+        if message is None or message.state not in (State.DONE, State.DEAD):
+            problems.append(f"{event_id} ends {message.state if message else 'missing'}")
+        elif message.state == State.DONE:
+            expected += amount
+            if written[event_id] != 1:
+                problems.append(f"{event_id} done with {written[event_id]} effects")
+        elif message.last_error is None:
+            problems.append(f"{event_id} dead without a reason")
+    if snap.money != expected:
+        problems.append(f"money {snap.money}, the done events are worth {expected}")
+    return problems
+
+
+class _Search:
+    """Depth first over every schedule; the graph is kept for the breadth-first part."""
+
+    def __init__(self, runner: _Runner, result: Exploration) -> None:
+        self.runner, self.result = runner, result
+        self.ids: dict[tuple[Any, ...], int] = {}
+        self.edges: list[list[tuple[Step, int | Violation]]] = []
+        self.paths: list[Counter[int]] = []  # per state: schedules from it, by length
+        self.below: list[int] = []  # per state: the steps a tree would run below it
+
+    def node(self, key: tuple[Any, ...]) -> int:
+        self.ids[key] = len(self.edges)
+        self.edges.append([])
+        self.paths.append(Counter())
+        self.below.append(0)
+        return self.ids[key]
+
+    def visit(self, node: int, image: bytes, snap: audit.Snapshot, world: World) -> Counter[int]:
+        runner, paths, here = self.runner, Counter[int](), state_key(snap, world)
+        below = 0
+        for step in runner.enabled(world, snap):
+            runner.restore(image)
+            child_world, _, _ = runner.apply(world, step)
+            self.result.steps_run += 1
+            self.result.states += not self.result.merged
+            child_image = runner.image()
+            child_snap = snap if child_image == image else audit.snapshot(runner.path)
+            found = audit.check(child_snap)
+            if found:
+                self._violate(node, step, [str(f) for f in found], child_snap)
+                paths[1] += 1
+                below += 1
+                continue
+            key = state_key(child_snap, child_world)
+            if key == here:
+                continue  # a step that changed nothing (e.g. a claim that found nothing)
+            if not self.result.merged:  # a tree: run the branch, remember nothing of it
+                after = self.visit(-1, child_image, child_snap, child_world)
+                below += 1
+            else:
+                child = self.ids.get(key)
+                if child is None:
+                    child = self.node(key)
+                    self.paths[child] = self.visit(child, child_image, child_snap, child_world)
+                self.edges[node].append((step, child))
+                after = self.paths[child]
+                below += 1 + self.below[child]
+            paths.update({n + 1: count for n, count in after.items()})
+        if not paths:
+            paths[0] = 1
+            self._end(node, image, snap)
+        if node >= 0:
+            self.below[node] = below
+        return paths
+
+    def _end(self, node: int, image: bytes, snap: audit.Snapshot) -> None:
+        self.result.ends += 1
+        if any(m.state in (State.READY, State.LEASED) for m in snap.messages.values()):
+            self.result.finished_after_bound += 1
+            self.runner.restore(image)
+            self.runner.finish()
+            snap = audit.snapshot(self.runner.path)
+        problems = broken_promise(snap, self.runner.scenario)
+        if problems:
+            self._violate(node, FINISH, problems, snap)
+
+    def _violate(self, node: int, step: Step, found: list[str], snap: audit.Snapshot) -> None:
+        violation = Violation((step,), tuple(found), snap.journal)
+        self.result.violations.append(violation)
+        if node >= 0:
+            self.edges[node].append((step, violation))
+
+    def shortest(self) -> Violation | None:
+        """Breadth first on the recorded graph: the fewest steps to a violation."""
+        parent: dict[int, tuple[int, Step] | None] = {0: None}
+        queue = deque([0])
+        while queue:
+            node = queue.popleft()
+            for step, target in self.edges[node]:
+                if isinstance(target, Violation):
+                    return replace(target, schedule=(*self._path(parent, node), step))
+                if target not in parent:
+                    parent[target] = (node, step)
+                    queue.append(target)
+        return None
+
+    @staticmethod
+    def _path(parent: dict[int, tuple[int, Step] | None], node: int) -> list[Step]:
+        steps: list[Step] = []
+        while (link := parent[node]) is not None:
+            node, step = link
+            steps.append(step)
+        return steps[::-1]
+
+    def depths(self) -> list[int]:
+        """How many distinct states are first reached after 0, 1, 2... steps."""
+        depth = {0: 0}
+        queue = deque([0])
+        while queue:
+            node = queue.popleft()
+            for _, target in self.edges[node]:
+                if isinstance(target, int) and target not in depth:
+                    depth[target] = depth[node] + 1
+                    queue.append(target)
+        counts = Counter(depth.values())
+        return [counts[d] for d in range(max(counts) + 1)]
+
+
+def explore(protocol: str, scenario: Scenario = DEFAULT, *, merge: bool = True,
+            folder: str | os.PathLike[str] | None = None) -> Exploration:
+    """Run every schedule of ``scenario`` against ``protocol`` (a name in ``PROTOCOLS``).
+
+    With ``merge`` (the default) schedules that reach the same state share
+    what follows; without, every schedule is run to its end (slow: for
+    measuring what merging saves). Returns the counts, every violation found
+    (each stops its schedule) and, merged, the shortest of them.
+    """
+    result = Exploration(protocol, scenario, merge)
+    with _runner(PROTOCOLS[protocol], scenario, folder) as runner:
+        started = time.perf_counter()
+        search = _Search(runner, result)
+        root = search.node(("root",))
+        paths = search.visit(root, runner.image(), audit.snapshot(runner.path), runner.start())
+        result.seconds = time.perf_counter() - started
+    result.schedules = sum(paths.values())
+    result.schedules_by_length = dict(sorted(paths.items()))
+    if merge:
+        result.states = len(search.edges)
+        result.states_by_depth = search.depths()
+        result.shortest = search.shortest()
+        result.tree_steps = search.below[root]
+    else:
+        result.tree_steps = result.steps_run
+    return result
+
+
+class _runner:
+    """A fresh file in ``folder`` (or a temporary folder) with ``proto``'s queue on it."""
+
+    def __init__(self, proto: Protocol, scenario: Scenario,
+                 folder: str | os.PathLike[str] | None) -> None:
+        self.proto, self.scenario, self.folder = proto, scenario, folder
+
+    def __enter__(self) -> _Runner:
+        self.tmp = tempfile.TemporaryDirectory(dir=self.folder)
+        self.runner = _Runner(self.proto, self.scenario, Path(self.tmp.name) / "explore.sqlite3")
+        return self.runner
+
+    def __exit__(self, *exc: object) -> None:
+        self.runner.close()
+        self.tmp.cleanup()
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A schedule run again on a fresh file: what each step did, what the audit
+    found after it, the journal, marks for what the journal cannot show, the money."""
+
+    schedule: tuple[Step, ...]
+    said: tuple[str, ...]
+    findings: tuple[tuple[str, ...], ...]
+    journal: tuple[Any, ...]
+    marks: tuple[Mark, ...]
+    money: int
+
+    def lines(self) -> list[str]:
+        """The schedule as numbered steps, each with what the audit found after it."""
+        return [f"{n:2}. {said}" + (f"\n      audit: {'; '.join(found)}" if found else "")
+                for n, (said, found) in enumerate(zip(self.said, self.findings), start=1)]
+
+
+def replay(protocol: str, scenario: Scenario, schedule: tuple[Step, ...] | list[Step], *,
+           folder: str | os.PathLike[str] | None = None) -> Replay:
+    """Run ``schedule`` step by step on a fresh file, auditing after each step.
+
+    The last step may be the explorer's "a fresh worker finishes the queue".
+    """
+    said: list[str] = []
+    findings: list[tuple[str, ...]] = []
+    marks: list[Mark] = []
+    with _runner(PROTOCOLS[protocol], scenario, folder) as runner:
+        world = runner.start()
+        snap = audit.snapshot(runner.path)
+        for step in schedule:
+            if step.what == FINISH.what:
+                runner.clock.set(world.now)
+                runner.finish()
+                snap = audit.snapshot(runner.path)
+                said.append(str(step))
+                findings.append(tuple(broken_promise(snap, scenario)))
+                continue
+            holder = _holder(world, step)
+            world, text, marked = runner.apply(world, step)
+            after = audit.snapshot(runner.path)
+            said.append(text)
+            findings.append(tuple(str(f) for f in audit.check(after)))
+            if marked and holder is not None:
+                _add_mark(marks, snap, world.now, holder, _short(text))
+            snap = after
+    return Replay(tuple(schedule), tuple(said), tuple(findings), snap.journal, tuple(marks),
+                  snap.money)
+
+
+def _short(text: str) -> str:
+    """A mark's label: who and what, without the event (the lane says it)."""
+    who, rest = text.split(" ", 1)
+    if "rejected" in rest:
+        return f"{who}'s {rest.split()[0]} rejected: {rest.rsplit(': ', 1)[1]}"
+    return f"{who} {rest.split(' E0')[0].split(' holding')[0].removesuffix(' of')}"
+
+
+def _add_mark(marks: list[Mark], snap: audit.Snapshot, now: int, event_id: str,
+              label: str) -> None:
+    """Mark ``label`` after the journal so far; join it to a mark in the same place,
+    so that two labels never print over each other."""
+    last = snap.journal[-1].seq if snap.journal else 0
+    if marks and (marks[-1].after_seq, marks[-1].event_id) == (last, event_id):
+        label = f"{marks.pop().label}, then {label.split(' ', 1)[1]}"
+    marks.append(Mark(now, last, event_id, label))
+
+
+def _holder(world: World, step: Step) -> str | None:
+    """The event the worker of ``step`` holds a lease on, if any."""
+    if not step.who.startswith("W"):
+        return None
+    state = world.workers[int(step.who[1:]) - 1]
+    return state[1].event_id if state != IDLE else None
+
+
+def plot_state_space(run: Exploration, title: str | None = None) -> "Figure":
+    """Left: distinct states by the fewest steps that reach them. Right: schedules
+    by length, as a run without merging would meet them one by one (log scale)."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(FIG_WIDTH, 3.6))
+    left.bar(range(len(run.states_by_depth)), run.states_by_depth, color="#4C72B0")
+    left.set_title(f"{run.states:,} distinct states", fontsize=10)
+    left.set_xlabel("fewest steps to reach the state")
+    left.set_ylabel("states")
+    lengths = list(run.schedules_by_length)
+    right.bar(lengths, list(run.schedules_by_length.values()), color="#DD8452")
+    right.set_yscale("log")
+    right.set_title(f"{run.schedules:,} schedules, each run to its end", fontsize=10)
+    right.set_xlabel("steps in the schedule")
+    right.set_ylabel("schedules (log scale)")
+    for ax in (left, right):
+        ax.grid(axis="y", color="0.85")
+        ax.set_axisbelow(True)
+    fig.suptitle(title or f"{run.protocol}: {run.scenario}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def explore_all(scenario: Scenario = DEFAULT, *, merge: bool = True) -> Iterator[Exploration]:
+    """``explore`` every protocol of ``PROTOCOLS`` in turn."""
+    for name in PROTOCOLS:
+        yield explore(name, scenario, merge=merge)
