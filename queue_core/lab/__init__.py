@@ -6,7 +6,7 @@ worker processes that crash on purpose (``child``), deliberately broken
 protocols kept as contrasts (``contrasts``), a handler with injected faults
 (``faults``), the reference scenario (``scenario``, ``demo``), the crash
 sweep (``sweep``), the power-loss sweep (``powerloss``, ``wal``), the
-stress run (``stress``), the exercises and their checks (``exercises``,
+schedule explorer (``explore``), the stress run (``stress``), the exercises and their checks (``exercises``,
 ``exercise_setup``) and the pictures (``plots``).
 
 Importing the lab does not import pandas or matplotlib; a plot imports them
@@ -20,14 +20,17 @@ from .contrasts import PROTOCOLS, REAL, Protocol, protocol
 from .demo import DemoReport, run_demo, run_scenario
 from .faults import FlakyHandler
 from .powerloss import PowerLossReport, plot_powerloss, powerloss_frame, run_powerloss
-from .plots import (STATE_COLORS, Mark, consumers_frame, mark, metrics_frame, plot_consumers,
-                    plot_metrics, plot_state_machine, plot_timeline, transitions_frame)
+from .explore import Exploration, explore, plot_state_space, replay
+from .plots import (STATE_COLORS, Mark, consumer_turns, consumers_frame, mark, metrics_frame,
+                    plot_consumers, plot_metrics, plot_sequence, plot_state_machine,
+                    plot_timeline, transitions_frame)
 from .scenario import DEMO_JSONL, LEASE_SECONDS, START
 from .stress import StressReport, run_stress
 from .sweep import SCHEDULES, STEPS, SweepRow, plot_sweep, run_sweep, sweep_frame
 
 __all__ = [
-    "ChildResult", "DEMO_JSONL", "DemoReport", "FlakyHandler", "LEASE_SECONDS", "Mark",
+    "ChildResult", "DEMO_JSONL", "DemoReport", "Exploration", "consumer_turns", "explore",
+    "plot_sequence", "plot_state_space", "replay", "FlakyHandler", "LEASE_SECONDS", "Mark",
     "PROTOCOLS", "PowerLossReport", "Protocol", "REAL", "SCHEDULES", "START", "STATE_COLORS", "STEPS", "StressReport",
     "SweepRow", "collect", "consumers_frame", "mark", "metrics_frame", "open_gate",
     "plot_consumers", "plot_metrics", "plot_powerloss", "plot_state_machine", "plot_sweep",

@@ -88,11 +88,28 @@ class _Contrast(Queue):
 
 
 class _SplitAck(_Contrast):
-    """The effect and the ACK in two transactions; effects go to ``naive_ledger``."""
+    """The effect and the ACK in two transactions; effects go to ``naive_ledger``.
+
+    ``first_half`` and ``second_half`` are the two transactions, each one
+    public so that the schedule explorer can run other workers between them.
+    """
 
     def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
         super().__init__(path, **options)
         create_ledger(self)
+
+    def complete(self, lease: Lease, handler: Handler) -> Effect:
+        effect = self.first_half(lease, handler)
+        crash_point(BETWEEN_TRANSACTIONS)
+        self.second_half(lease, effect)
+        crash_point("complete.after_commit")
+        return effect
+
+    def first_half(self, lease: Lease, handler: Handler) -> Effect:
+        raise NotImplementedError
+
+    def second_half(self, lease: Lease, effect: Effect) -> None:
+        raise NotImplementedError
 
 
 # -- mark, then write (loses money) ------------------------------------------
@@ -100,19 +117,21 @@ class _SplitAck(_Contrast):
 class MarkThenWrite(_SplitAck):
     """BROKEN: the ACK commits before the effect is written."""
 
-    def complete(self, lease: Lease, handler: Handler) -> Effect:
+    def first_half(self, lease: Lease, handler: Handler) -> Effect:
+        """Mark ``done`` and commit; the effect is computed, not yet written."""
         with self.transaction() as conn:
             crash_point("complete.after_begin")
             # validate first, as a careful naive worker would
             effect = _effect(conn, self, lease, handler)
             _mark_done(conn, self, lease)
             crash_point("complete.before_commit")
-        crash_point(BETWEEN_TRANSACTIONS)
+        return effect
+
+    def second_half(self, lease: Lease, effect: Effect) -> None:
+        """Write the effect, in a transaction of its own."""
         with self.transaction() as conn:
             _write_ledger(conn, lease.event_id, effect)
             crash_point("complete.after_insert")
-        crash_point("complete.after_commit")
-        return effect
 
 
 # -- write, then mark (doubles money) ----------------------------------------
@@ -120,19 +139,21 @@ class MarkThenWrite(_SplitAck):
 class WriteThenMark(_SplitAck):
     """BROKEN: the effect commits before the ACK, in a separate transaction."""
 
-    def complete(self, lease: Lease, handler: Handler) -> Effect:
+    def first_half(self, lease: Lease, handler: Handler) -> Effect:
+        """Write the effect and commit; the message stays leased."""
         with self.transaction() as conn:
             crash_point("complete.after_begin")
             effect = _effect(conn, self, lease, handler)
             _write_ledger(conn, lease.event_id, effect)
             crash_point("complete.after_insert")
-        crash_point(BETWEEN_TRANSACTIONS)
+        return effect
+
+    def second_half(self, lease: Lease, effect: Effect) -> None:
+        """Mark ``done`` if the lease still holds, in a transaction of its own."""
         with self.transaction() as conn:
             self.fence(conn, lease)
             _mark_done(conn, self, lease)
             crash_point("complete.before_commit")
-        crash_point("complete.after_commit")
-        return effect
 
 
 def _effect(conn: sqlite3.Connection, queue: Queue, lease: Lease, handler: Handler) -> Effect:

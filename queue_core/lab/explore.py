@@ -26,10 +26,9 @@ transaction at a time: ``idle`` claims; ``holding`` a lease runs the ACK
 ``failing``, and its next step is ``fail``; a lost lease makes it ``idle``.
 The two split contrasts ("mark then write", "write then mark") ACK in two
 transactions, so for them the ACK is two steps with ``between`` in the middle:
-the explorer runs each half exactly as ``MarkThenWrite.complete`` and
-``WriteThenMark.complete`` run it, from the same pieces of
-``queue_core.lab.contrasts`` (a test holds the two halves to the subclass's
-own ``complete``). The protocol and "no generation check" ACK in one step by
+the explorer calls the subclass's own ``first_half`` and ``second_half``, the
+two transactions its ``complete`` runs (a test holds the two halves to the
+subclass's ``complete``). The protocol and "no generation check" ACK in one step by
 calling their class's ``complete`` and ``fail``.
 
 Depth first, every schedule is run; between branches the database file is
@@ -60,7 +59,7 @@ from ..clock import ModelClock
 from ..errors import InvalidPayload, LeaseLost, TransientError
 from ..queue import Queue
 from ..values import Effect, Lease, State
-from .contrasts import PROTOCOLS, Protocol, _effect, _mark_done, _write_ledger
+from .contrasts import PROTOCOLS, Protocol
 from .faults import FlakyHandler
 from .plots import FIG_WIDTH, Mark
 from .scenario import LEASE_SECONDS, START
@@ -268,24 +267,12 @@ class _Runner:
         said = "writes the effect of {}" if marks_first else "marks {} done"
         return IDLE, said.format(_held(lease)), marks_first
 
-    # The halves of MarkThenWrite.complete and WriteThenMark.complete, one
-    # transaction each, from the same pieces in the same order.
+    # The two transactions of MarkThenWrite.complete and WriteThenMark.complete.
     def _first_half(self, lease: Lease) -> Effect:
-        with self.queue.transaction() as conn:
-            effect = _effect(conn, self.queue, lease, self.handler)
-            if self.proto.name == "mark then write":
-                _mark_done(conn, self.queue, lease)
-            else:
-                _write_ledger(conn, lease.event_id, effect)
-        return effect
+        return self.queue.first_half(lease, self.handler)  # type: ignore[attr-defined, no-any-return]
 
     def _second_half(self, lease: Lease, effect: Effect) -> None:
-        with self.queue.transaction() as conn:
-            if self.proto.name == "mark then write":
-                _write_ledger(conn, lease.event_id, effect)
-            else:
-                self.queue.fence(conn, lease)
-                _mark_done(conn, self.queue, lease)
+        self.queue.second_half(lease, effect)  # type: ignore[attr-defined]
 
     def enabled(self, world: World, snap: audit.Snapshot) -> list[Step]:
         """Every step that can change something, in a fixed order."""
