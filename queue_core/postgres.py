@@ -152,8 +152,11 @@ class pg_transaction:  # noqa: N801 - used like a function, as storage.transacti
                  traceback: TracebackType | None) -> None:
         if exc_type is None:
             self.conn.execute("COMMIT")
-        elif not self.conn.raw.closed:
+        elif not (self.conn.raw.closed or self.conn.raw.broken):
             self.conn.execute("ROLLBACK")  # the exception propagates
+        # A broken connection needs no ROLLBACK: the server ended the
+        # transaction when it lost the connection, and the original error
+        # (not a second one about the ROLLBACK) is what the caller must see.
 
 
 class PostgresStore:

@@ -21,7 +21,7 @@ import os
 import sqlite3
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from .errors import UnusableFile
@@ -315,6 +315,28 @@ def _statements(script: str) -> list[str]:
 
 # -- the store: what differs between SQLite and PostgreSQL ------------------------------
 
+class Store(Protocol):
+    """What the protocol asks of a database; ``SqliteStore`` and
+    ``postgres.PostgresStore`` are the two there are."""
+
+    name: str
+    target: str                                      # the path or the connection string
+    integrity_errors: tuple[type[BaseException], ...]
+    errors: tuple[type[BaseException], ...]
+    claim_select: str                                # the claim's candidates, in order
+    expired_select: str                              # the leases a claim recovers
+    for_update: str                                  # appended to a read that decides a write
+
+    def describe(self) -> str: ...
+    def prepare(self, *, create: bool = True) -> None: ...
+    def connect(self, *, synchronous: str = "FULL") -> Any: ...
+    def connect_readonly(self) -> Any: ...
+    def transaction(self, conn: Any, *, relaxed: bool = False) -> Any: ...
+    def read_transaction(self, conn: Any) -> Any: ...
+    def serialize_enqueue(self, conn: Any) -> None: ...
+    def self_checks(self, conn: Any) -> tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]: ...
+
+
 class SqliteStore:
     """The queue's SQLite file behind the interface the protocol calls.
 
@@ -369,7 +391,7 @@ def is_connection_string(target: object) -> bool:
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
 
 
-def open_store(target: str | os.PathLike[str]) -> Any:
+def open_store(target: str | os.PathLike[str]) -> Store:
     """The store for ``target``: a ``postgresql://`` connection string, else a file path.
 
     Writes nothing; ``prepare`` on the result does. psycopg is imported only

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Iterator
 
 from . import audit
 from .clock import Clock
 from .errors import UnknownEvent
+from .storage import Store
 from .values import Effect, Message, Metrics, Status, Transition
 
 
@@ -25,7 +26,7 @@ class QueueViews:
 
     clock: Clock
     path: str
-    store: Any  # storage.SqliteStore or postgres.PostgresStore
+    store: Store
     _session: sqlite3.Connection | None
 
     @contextmanager

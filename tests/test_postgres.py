@@ -244,3 +244,11 @@ def test_a_server_that_cannot_be_used_gives_one_line_and_exit_1_never_a_tracebac
     assert result.stderr.startswith("error: cannot_connect: postgresql://")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "p4ss" not in result.stderr
+
+
+def test_a_queue_names_its_database_without_the_password(pg_dsn: str) -> None:
+    dsn = "postgresql://app:" + "s3cret@db.example:5433/shop"  # split: not a real secret
+
+    assert PostgresStore(dsn).describe() == "postgresql://db.example:5433/shop"
+    assert "s3cret" not in repr(DatabaseClock(dsn))
+    assert repr(Queue(pg_dsn)).startswith("Queue('postgresql://local socket/")

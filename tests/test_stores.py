@@ -216,3 +216,17 @@ def test_extend_by_a_non_positive_or_non_integer_time_is_a_value_error_before_an
         queue.extend(lease, seconds)
 
     assert stored_rows(store) == before
+
+
+def test_a_sqlite_queue_never_imports_the_postgresql_driver(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    code = ("import sys, queue_core.cli; from queue_core import Queue, ModelClock; "
+            f"q = Queue({str(tmp_path / 'q.sqlite3')!r}, clock=ModelClock()); q.status(); "
+            "print('psycopg' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=60)
+
+    assert (result.returncode, result.stdout) == (0, "False\n"), result.stderr
