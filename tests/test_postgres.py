@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -231,12 +232,18 @@ def test_the_command_line_enqueues_works_and_reports_on_a_postgresql_queue(
     assert not list(tmp_path.glob("*.sqlite3"))
 
 
+def as_user(dsn: str, user: str, password: str) -> str:
+    """``dsn`` with another user name and password (a role the server does not know)."""
+    parts = urlsplit(dsn)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+
 @pytest.mark.parametrize("where", ["postgresql://queue@127.0.0.1:1/queue",
                                    "wrong user"], ids=["unreachable", "wrong_credentials"])
 def test_a_server_that_cannot_be_used_gives_one_line_and_exit_1_never_a_traceback(
         pg_dsn: str, tmp_path: Path, where: str) -> None:
-    dsn = where if where.startswith("postgresql:") else \
-        pg_dsn.replace("postgresql://postgres:", "postgresql://nobody_here:p4ss", 1)
+    dsn = where if where.startswith("postgresql:") else as_user(pg_dsn, "nobody_here", "p4ss")
 
     result = cli("--db", dsn, "status", cwd=tmp_path)
 
