@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping
 
 from .errors import InvalidPayload
 from .handler import Handler
-from .storage import EXPIRED_SELECT, connect_readonly, read_transaction
+from .storage import EXPIRED_SELECT, has_table, open_store
 from .values import Effect, Message, Metrics, State, Status, Transition
 
 FINDINGS = {
@@ -130,7 +130,8 @@ def read_status(conn: sqlite3.Connection) -> Status:
     """Counts per state, effects and money per category, as stored."""
     states = {state.value: 0 for state in State}
     states.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
-    totals = dict(conn.execute("SELECT category, sum(amount_cents) FROM effects "
+    # CAST: PostgreSQL sums a bigint column as numeric, which Python reads as Decimal.
+    totals = dict(conn.execute("SELECT category, CAST(sum(amount_cents) AS BIGINT) FROM effects "
                                "GROUP BY category ORDER BY category"))
     effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
     return Status(states, effects, totals, sum(totals.values()))
@@ -142,7 +143,7 @@ def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
     depth = read_status(conn).states
     oldest = conn.execute("SELECT min(available_at) FROM messages "
                           "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
-    expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED_SELECT})", (now,)).fetchone()[0]
+    expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED_SELECT}) AS expired", (now,)).fetchone()[0]
     dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
                              "WHERE state = 'dead' ORDER BY event_id"))
     return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead)
@@ -151,7 +152,7 @@ def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
 def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list[Message]:
     """Stored messages in event id order, all or the one named."""
     rows = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages "
-                        "WHERE ? IS NULL OR event_id = ? ORDER BY event_id", (event_id, event_id))
+                        "WHERE CAST(? AS TEXT) IS NULL OR event_id = ? ORDER BY event_id", (event_id, event_id))
     return [Message.from_row(row) for row in rows]
 
 
@@ -159,8 +160,7 @@ def read_effects(conn: sqlite3.Connection) -> list[EffectRow]:
     """Every stored effect row, the contrasts' ledger included where it exists."""
     rows = [EffectRow(*row) for row in conn.execute(
         "SELECT event_id, category, amount_cents FROM effects ORDER BY event_id")]
-    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                    (CONTRAST_LEDGER,)).fetchone():
+    if has_table(conn, CONTRAST_LEDGER):
         rows += [EffectRow(*row, table=CONTRAST_LEDGER) for row in conn.execute(
             f"SELECT event_id, category, amount_cents FROM {CONTRAST_LEDGER} ORDER BY seq")]
     return rows
@@ -169,7 +169,7 @@ def read_effects(conn: sqlite3.Connection) -> list[EffectRow]:
 def read_journal(conn: sqlite3.Connection, event_id: str | None = None) -> list[Transition]:
     """The journal of state changes in order, for one event or all."""
     rows = conn.execute(f"SELECT {_JOURNAL_COLUMNS} FROM transitions "
-                        "WHERE ? IS NULL OR event_id = ? ORDER BY seq", (event_id, event_id))
+                        "WHERE CAST(? AS TEXT) IS NULL OR event_id = ? ORDER BY seq", (event_id, event_id))
     return [Transition(seq, at, eid, State(src) if src else None, State(dst), gen, att, why)
             for seq, at, eid, src, dst, gen, att, why in rows]
 
@@ -178,18 +178,21 @@ def snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Read every stored fact of the queue file ``path`` in ONE read transaction.
 
     Opens the file read-only: a snapshot never creates a file, never takes
-    the write lock and never recovers anything.
+    the write lock and never recovers anything. ``path`` may be a
+    ``postgresql://`` connection string: then the read is one ``REPEATABLE
+    READ READ ONLY`` transaction, one snapshot of the whole database.
     """
-    conn = connect_readonly(path)
+    store = open_store(path)
+    conn = store.connect_readonly()
     try:
-        with read_transaction(conn):
+        with store.read_transaction(conn):
+            integrity, foreign_keys = store.self_checks(conn)
             return Snapshot(
                 status=read_status(conn),
                 messages={m.event_id: m for m in read_messages(conn)},
                 effect_rows=tuple(read_effects(conn)),
                 journal=tuple(read_journal(conn)),
-                integrity=tuple(row[0] for row in conn.execute("PRAGMA integrity_check")),
-                foreign_keys=tuple(conn.execute("PRAGMA foreign_key_check")))
+                integrity=integrity, foreign_keys=foreign_keys)
     finally:
         conn.close()
 

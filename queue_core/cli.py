@@ -26,6 +26,7 @@ from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue
+from .storage import is_connection_string, open_store
 from .worker import drain
 
 DEFAULT_DB = "queue.sqlite3"
@@ -46,11 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: queue-core --now 1000 enqueue data/demo.jsonl")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
-                        help="the queue's database file; enqueue, work and redrive create it "
-                             f"if missing, status and metrics never do (default: {DEFAULT_DB})")
+                        help="the queue's database file, or a postgresql:// connection string; "
+                             "enqueue, work and redrive create it if missing, status and "
+                             f"metrics never do (default: {DEFAULT_DB})")
     parser.add_argument("--now", type=_seconds, metavar="T",
                         help="model time in integer seconds for this command "
-                             "(default: the system clock)")
+                             "(default: the system clock; the server's for postgresql://)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     enqueue = _command(commands, "enqueue", "validate a JSONL batch whole, then store it",
                        "queue-core --now 1000 enqueue data/demo.jsonl")
@@ -109,8 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except QueueError as exc:
         print(_refusal(exc), file=sys.stderr)
         return EXIT_REFUSED
-    except sqlite3.Error as exc:
-        print(f"error: database_error: {args.db}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - only a database's own errors are answered here
+        if not _is_database_error(exc):
+            raise
+        where = open_store(args.db).describe() if is_connection_string(args.db) else args.db
+        print(f"error: database_error: {where}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_OPERATIONAL
 
 
@@ -121,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
-    clock: Clock = SystemClock() if args.now is None else ModelClock(args.now)
+    clock: Clock = ModelClock(args.now) if args.now is not None else _system_clock(args.db)
     queue = Queue(args.db, clock=clock, create=args.command not in READING_COMMANDS,
                   lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS))
     if batch is not None:
@@ -137,6 +142,25 @@ def _run(args: argparse.Namespace) -> int:
         queue.redrive(args.event_id)
         _say(f"{args.event_id} is ready again (attempts reset, generation kept)")
     return 0
+
+
+def _system_clock(db: str) -> Clock:
+    """This host's clock for a file; the server's for a database that many hosts share."""
+    if is_connection_string(db):
+        from .postgres import DatabaseClock
+        return DatabaseClock(db)
+    return SystemClock()
+
+
+def _is_database_error(exc: Exception) -> bool:
+    if isinstance(exc, sqlite3.Error):
+        return True
+    psycopg = sys.modules.get("psycopg")  # loaded only if a connection string was given
+    return psycopg is not None and isinstance(exc, psycopg.Error)
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
 
 
 def _work(queue: Queue, handler: Handler, batch_size: int) -> int:

@@ -97,8 +97,10 @@ class UnusableFile(QueueError):
     """The file cannot be used as a queue, and nothing was written to it.
 
     ``code`` is ``not_a_queue`` (another application's database),
-    ``schema_too_new``, ``not_a_database`` (not SQLite, or truncated) or
-    ``no_queue_file`` (a reading command found no queue to read).
+    ``schema_too_new``, ``not_a_database`` (not SQLite, or truncated),
+    ``no_queue_file`` (a reading command found no queue to read) or
+    ``cannot_connect`` (a PostgreSQL server that cannot be reached, or
+    refuses the credentials).
     """
 
     def __init__(self, code: str, message: str) -> None:

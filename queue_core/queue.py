@@ -1,4 +1,4 @@
-"""The protocol: enqueue, claim, complete, fail, redrive, on one SQLite file.
+"""The protocol: enqueue, claim, complete, fail, redrive, extend; on SQLite or PostgreSQL.
 
 Transitions (each one guarded UPDATE, journalled in the same transaction):
 
@@ -12,7 +12,12 @@ Transitions (each one guarded UPDATE, journalled in the same transaction):
 
 Who moves a message out of each state: ``ready`` only a claim; ``leased``
 only the lease's holder (complete, fail) or, after ``lease_until``, a claim;
-``done`` nobody; ``dead`` only ``redrive``.
+``done`` nobody; ``dead`` only ``redrive``. The holder may also ``extend``
+its lease (a heartbeat): ``lease_until`` moves, the state does not.
+
+The rules are written once, here; the store (``storage.SqliteStore`` for a
+file, ``postgres.PostgresStore`` for a ``postgresql://`` connection string)
+supplies the connections, the transaction mechanics and the claim's reads.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .errors import (BatchConflict, IntegrityViolation, LeaseLost, NotRedrivable
                      QueueError, UnknownEvent)
 from .handler import Handler
 from .ingest import EVENT_ID, Batch, parse_batch, read_batch
-from .storage import CLAIM_SELECT, EXPIRED_SELECT, SYNCHRONOUS_MODES, connect, prepare, transaction
+from .storage import CLAIM_SELECT, EXPIRED_SELECT, SYNCHRONOUS_MODES, open_store
 from .values import Effect, EnqueueResult, Lease, Outcome, State
 from .views import QueueViews
 
@@ -43,6 +48,9 @@ LEASE_UPDATE = ("UPDATE messages SET state = 'leased', attempts = attempts + 1, 
                 "AND event_id IN ({marks}) RETURNING event_id, generation, attempts, lease_until")
 ACK_UPDATE = ("UPDATE messages SET state = 'done', lease_until = NULL WHERE event_id = ? "
               "AND state = 'leased' AND generation = ? AND lease_until > ?")
+# The heartbeat's write: the ACK's guard, but the row stays leased with a later deadline.
+EXTEND_UPDATE = ("UPDATE messages SET lease_until = ? WHERE event_id = ? "
+                 "AND state = 'leased' AND generation = ? AND lease_until > ?")
 JOURNAL_INSERT = ("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
                    "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?)")
 _FENCE_COLUMNS = "state, generation, lease_until, payload"
@@ -55,7 +63,12 @@ def backoff_seconds(attempt: int) -> int:
 
 
 class Queue(QueueViews):
-    """A reliable queue in one SQLite file, bound to a clock.
+    """A reliable queue in one SQLite file (or a PostgreSQL database), bound to a clock.
+
+    ``path`` is a file path, or a ``postgresql://`` connection string: the
+    same protocol then runs on that database's current schema (see
+    ``queue_core.postgres``; there every commit is durable and
+    ``synchronous`` other than FULL only stops waiting for the WAL flush).
 
     ``lease_seconds`` is how long a claim entitles a worker to finish;
     ``max_attempts`` is the claim budget (expired leases count);
@@ -68,7 +81,8 @@ class Queue(QueueViews):
     ``create=False`` refuses a missing file instead of creating it.
 
     Opening writes nothing to a file that is not new and empty or marked as
-    the queue's own: anything else raises ``UnusableFile`` (see ``storage``).
+    the queue's own: anything else raises ``UnusableFile`` (see ``storage``);
+    on PostgreSQL also ``cannot_connect``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Clock | None = None,
@@ -79,7 +93,8 @@ class Queue(QueueViews):
         _require_positive("max_attempts", max_attempts)
         if synchronous not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}, got {synchronous!r}")
-        self.path = os.fspath(path)
+        self.store = open_store(path)
+        self.path: str = self.store.target
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
@@ -87,10 +102,10 @@ class Queue(QueueViews):
         # Only a FULL connection has an fsync to skip: at NORMAL every commit is relaxed.
         self.relaxed_claims = synchronous == "FULL" and not fsync_claims
         self._session: sqlite3.Connection | None = None
-        prepare(self.path, create=create)
+        self.store.prepare(create=create)
 
     def __repr__(self) -> str:
-        return (f"Queue({os.path.basename(self.path)!r}, clock={self.clock!r}, "
+        return (f"Queue({self.store.describe()!r}, clock={self.clock!r}, "
                 f"lease_seconds={self.lease_seconds}, max_attempts={self.max_attempts})")
 
     @contextmanager
@@ -105,7 +120,7 @@ class Queue(QueueViews):
         if self._session is not None:
             yield self
             return
-        self._session = connect(self.path, synchronous=self.synchronous)
+        self._session = self.store.connect(synchronous=self.synchronous)
         try:
             yield self
         finally:
@@ -128,14 +143,14 @@ class Queue(QueueViews):
         # runs this twice per message, and two nested generator-based context
         # managers cost more CPU than the statements they wrap.
         if self._session is not None:
-            return transaction(self._session, relaxed=relaxed)
+            return self.store.transaction(self._session, relaxed=relaxed)
         return self._transaction_on_own_connection(relaxed)
 
     @contextmanager
     def _transaction_on_own_connection(self, relaxed: bool) -> Iterator[sqlite3.Connection]:
-        conn = connect(self.path, synchronous=self.synchronous)
+        conn = self.store.connect(synchronous=self.synchronous)
         try:
-            with transaction(conn, relaxed=relaxed):
+            with self.store.transaction(conn, relaxed=relaxed):
                 yield conn
         finally:
             conn.close()
@@ -149,6 +164,7 @@ class Queue(QueueViews):
         already stored with a different payload; then nothing is written.
         """
         with self.transaction() as conn:
+            self.store.serialize_enqueue(conn)
             now = self.clock.now()
             stored = _stored_payloads(conn, [event.event_id for event in batch.events])
             new = []
@@ -203,7 +219,7 @@ class Queue(QueueViews):
             crash_point("claim.after_begin")
             now = self.clock.now()
             self._recover_expired(conn, now)
-            chosen = [row[0] for row in conn.execute(CLAIM_SELECT, (now, limit))]
+            chosen = [row[0] for row in conn.execute(self.store.claim_select, (now, limit))]
             crash_point("claim.after_select")
             leases = self._lease(conn, chosen, now)
             write_journal(conn, [(now, lease.event_id, State.READY, State.LEASED, lease.generation,
@@ -224,7 +240,7 @@ class Queue(QueueViews):
         return [leased[event_id] for event_id in chosen]
 
     def _recover_expired(self, conn: sqlite3.Connection, now: int) -> None:
-        expired = conn.execute(EXPIRED_SELECT, (now,)).fetchall()
+        expired = conn.execute(self.store.expired_select, (now,)).fetchall()
         for event_id, attempts, generation in expired:
             if attempts >= self.max_attempts:
                 conn.execute("UPDATE messages SET state = 'dead', lease_until = NULL, "
@@ -306,17 +322,24 @@ class Queue(QueueViews):
         payload = self._check_fence(lease, row, self.clock.now())
         try:
             effect = handler.apply(conn, lease.event_id, json.loads(payload))
-        except sqlite3.IntegrityError as exc:
+        except self.store.integrity_errors as exc:
             raise IntegrityViolation(f"{lease.event_id}: {exc}") from exc
         crash_point("complete.after_insert")
         # The handler may have outlived the lease: the same three conditions
-        # again, now as the guard of the UPDATE that marks it done.
+        # again, now as the guard of the UPDATE that marks it done. On
+        # PostgreSQL (READ COMMITTED, no write lock held) that is enough: a
+        # row changed by a transaction that committed since the fence read is
+        # re-read and the WHERE re-evaluated on its newest version before the
+        # write (EvalPlanQual), and a transaction still changing it makes this
+        # UPDATE wait for its end; so a claim, recovery or redrive that beat
+        # this ACK leaves 0 rows matched, and the INSERT rolls back with it.
         now = self.clock.now()
         marked = conn.execute(ACK_UPDATE, (lease.event_id, lease.generation, now)).rowcount
         if marked != 1:  # the lease is lost: read the row again only to say why
             self._check_fence(lease, conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone(),
                               now)
-            # not reached: the read sees what the UPDATE saw, under the same write lock
+            # not reached: the read sees what the UPDATE saw (under SQLite's write
+            # lock), or later (PostgreSQL): generations and states only move on
             raise AssertionError(f"{lease.event_id}: guarded UPDATE matched {marked} rows")
         crash_point("complete.after_recheck")
         return effect, (now, lease.event_id, State.LEASED, State.DONE,
@@ -353,6 +376,33 @@ class Queue(QueueViews):
                             event_id=lease.event_id)
         return str(payload)
 
+    # -- extend (the heartbeat) -----------------------------------------------
+
+    def extend(self, lease: Lease, seconds: int) -> Lease:
+        """Move the deadline of a lease still held to ``now + seconds``; return the new lease.
+
+        Fenced like ``complete``: raises ``LeaseLost`` (``stale_generation``,
+        ``lease_expired``, ``not_leased``) or ``UnknownEvent``, and then
+        changes nothing. Only ``lease_until`` changes: the state stays
+        ``leased``, so nothing is journalled (the journal holds state changes,
+        and leased -> leased is no edge of the state machine). A deadline
+        passed is passed: an expired lease cannot be revived, since a claim
+        may already have handed the message to another worker.
+        """
+        _require_positive("seconds", seconds)
+        with self.transaction() as conn:
+            now = self.clock.now()
+            self._check_fence(lease, conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone(),
+                              now)
+            until = now + seconds
+            moved = conn.execute(EXTEND_UPDATE, (until, lease.event_id, lease.generation,
+                                                 now)).rowcount
+            if moved != 1:  # lost since the read (PostgreSQL only): say why
+                self._check_fence(lease, conn.execute(_FENCE_SELECT,
+                                                      (lease.event_id,)).fetchone(), now)
+                raise AssertionError(f"{lease.event_id}: guarded UPDATE matched {moved} rows")
+        return Lease(lease.event_id, lease.generation, lease.attempt, until)
+
     # -- fail and redrive -----------------------------------------------------
 
     def fail(self, lease: Lease, code: str = "transient_error", *,
@@ -384,9 +434,14 @@ class Queue(QueueViews):
 
     def _finish_failed(self, conn: sqlite3.Connection, lease: Lease, to: str,
                        available_at: int, code: str, reason: str) -> None:
-        conn.execute("UPDATE messages SET state = ?, lease_until = NULL, available_at = ?, "
-                     "last_error = ? WHERE event_id = ? AND state = 'leased' AND generation = ?",
-                     (to, available_at, code, lease.event_id, lease.generation))
+        changed = conn.execute(
+            "UPDATE messages SET state = ?, lease_until = NULL, available_at = ?, "
+            "last_error = ? WHERE event_id = ? AND state = 'leased' AND generation = ?",
+            (to, available_at, code, lease.event_id, lease.generation)).rowcount
+        if changed != 1:  # only without a write lock (PostgreSQL): recovered since the fence
+            self.fence(conn, lease)
+            raise LeaseLost("not_leased", f"{lease.event_id} was taken back meanwhile",
+                            event_id=lease.event_id)
         write_journal(conn, [(self.clock.now(), lease.event_id, State.LEASED, State(to),
                          lease.generation, lease.attempt, reason)])
 
@@ -400,8 +455,8 @@ class Queue(QueueViews):
         if not isinstance(event_id, str) or not EVENT_ID.fullmatch(event_id):
             raise UnknownEvent(f"{event_id!r} is not an event id (E followed by four digits)")
         with self.transaction() as conn:
-            row = conn.execute("SELECT state, generation FROM messages WHERE event_id = ?",
-                               (event_id,)).fetchone()
+            row = conn.execute("SELECT state, generation FROM messages WHERE event_id = ?"
+                               + self.store.for_update, (event_id,)).fetchone()
             if row is None:
                 raise UnknownEvent(f"no message {event_id}")
             if row[0] != State.DEAD:

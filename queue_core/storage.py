@@ -21,6 +21,7 @@ import os
 import sqlite3
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from .errors import UnusableFile
@@ -323,3 +324,101 @@ def _statements(script: str) -> list[str]:
             statements.append(current.strip())
             current = ""
     return statements
+
+
+# -- the store: what differs between SQLite and PostgreSQL ------------------------------
+
+class Store(Protocol):
+    """What the protocol asks of a database; ``SqliteStore`` and
+    ``postgres.PostgresStore`` are the two there are."""
+
+    name: str
+    target: str                                      # the path or the connection string
+    integrity_errors: tuple[type[BaseException], ...]
+    errors: tuple[type[BaseException], ...]
+    claim_select: str                                # the claim's candidates, in order
+    expired_select: str                              # the leases a claim recovers
+    for_update: str                                  # appended to a read that decides a write
+
+    def describe(self) -> str: ...
+    def prepare(self, *, create: bool = True) -> None: ...
+    def connect(self, *, synchronous: str = "FULL") -> Any: ...
+    def connect_readonly(self) -> Any: ...
+    def transaction(self, conn: Any, *, relaxed: bool = False) -> Any: ...
+    def read_transaction(self, conn: Any) -> Any: ...
+    def serialize_enqueue(self, conn: Any) -> None: ...
+    def self_checks(self, conn: Any) -> tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]: ...
+
+
+class SqliteStore:
+    """The queue's SQLite file behind the interface the protocol calls.
+
+    The protocol (``queue``) is written once; a store supplies only what
+    differs per database: connecting, the transaction mechanics, the claim's
+    reads, and the checks only the database can make about itself.
+    ``postgres.PostgresStore`` is the other one.
+    """
+
+    name = "sqlite"
+    integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    claim_select = CLAIM_SELECT
+    expired_select = EXPIRED_SELECT
+    # A read that decides a later write: under BEGIN IMMEDIATE the write lock
+    # already serialises every writer, so nothing is added.
+    for_update = ""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.target = os.fspath(path)
+
+    def describe(self) -> str:
+        return os.path.basename(self.target)
+
+    def prepare(self, *, create: bool = True) -> None:
+        prepare(self.target, create=create)
+
+    def connect(self, *, synchronous: str = "FULL") -> sqlite3.Connection:
+        return connect(self.target, synchronous=synchronous)
+
+    def connect_readonly(self) -> sqlite3.Connection:
+        return connect_readonly(self.target)
+
+    def transaction(self, conn: sqlite3.Connection, *, relaxed: bool = False) -> transaction:
+        return transaction(conn, relaxed=relaxed)
+
+    def read_transaction(self, conn: sqlite3.Connection) -> read_transaction:
+        return read_transaction(conn)
+
+    def serialize_enqueue(self, conn: sqlite3.Connection) -> None:
+        """Nothing to do: ``BEGIN IMMEDIATE`` already admits one writer at a time."""
+
+    def self_checks(self, conn: sqlite3.Connection) -> tuple[tuple[str, ...],
+                                                             tuple[tuple[Any, ...], ...]]:
+        """SQLite's own checks of the file: ``integrity_check`` and ``foreign_key_check``."""
+        return (tuple(row[0] for row in conn.execute("PRAGMA integrity_check")),
+                tuple(conn.execute("PRAGMA foreign_key_check")))
+
+
+def is_connection_string(target: object) -> bool:
+    """Whether ``target`` names a PostgreSQL database rather than a file."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(target: str | os.PathLike[str]) -> Store:
+    """The store for ``target``: a ``postgresql://`` connection string, else a file path.
+
+    Writes nothing; ``prepare`` on the result does. psycopg is imported only
+    for a connection string, so SQLite users never need it.
+    """
+    if is_connection_string(target):
+        from .postgres import PostgresStore
+        return PostgresStore(str(target))
+    return SqliteStore(target)
+
+
+def has_table(conn: Any, name: str) -> bool:
+    """Whether the connection's database holds a table ``name``."""
+    if isinstance(conn, sqlite3.Connection):
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            (name,)).fetchone() is not None
+    return bool(conn.has_table(name))

@@ -1,4 +1,4 @@
-"""Reading a queue file: counts, metrics, rows, effects and the journal.
+"""Reading a queue file (or database): counts, metrics, rows, effects and the journal.
 
 Stored values only: nothing here recovers an expired lease or changes a
 row, so looking at a queue never moves it. Each call reads in ONE read
@@ -17,7 +17,7 @@ from typing import Iterator
 from . import audit
 from .clock import Clock
 from .errors import UnknownEvent
-from .storage import connect_readonly, read_transaction
+from .storage import Store
 from .values import Effect, Message, Metrics, Status, Transition
 
 
@@ -26,17 +26,18 @@ class QueueViews:
 
     clock: Clock
     path: str
+    store: Store
     _session: sqlite3.Connection | None
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
         if self._session is not None:
-            with read_transaction(self._session):
+            with self.store.read_transaction(self._session):
                 yield self._session
             return
-        conn = connect_readonly(self.path)
+        conn = self.store.connect_readonly()
         try:
-            with read_transaction(conn):
+            with self.store.read_transaction(conn):
                 yield conn
         finally:
             conn.close()

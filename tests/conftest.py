@@ -1,15 +1,18 @@
-"""Shared fixtures: a fresh SQLite file per test and a model clock at 1000."""
+"""Shared fixtures: a fresh SQLite file per test and a model clock at 1000;
+for the tests that run on both stores, a fresh PostgreSQL schema too (``pg``)."""
 
 from __future__ import annotations
 
 import platform
 import sqlite3
 import sys
+from typing import Iterator
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+import pg
 from queue_core import Handler, ModelClock, Queue
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +21,8 @@ DATA = ROOT / "data"
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     versions = []
-    for name in ("pandas", "matplotlib", "nbval", "hypothesis", "jupyterlab", "nbclient"):
+    for name in ("pandas", "matplotlib", "nbval", "hypothesis", "jupyterlab", "nbclient",
+                 "psycopg", "pgserver"):
         try:
             versions.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
@@ -31,6 +35,26 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "queue.sqlite3"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A PostgreSQL server for the session: ``QUEUE_CORE_PG_DSN``, or a private one."""
+    yield from pg.server_dsn()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: str) -> Iterator[str]:
+    """A ``postgresql://`` connection string whose current schema is new and empty."""
+    yield from pg.fresh_schema(pg_server)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, db_path: Path) -> str:
+    """Where a queue lives, once per store: a new SQLite file, or a new PostgreSQL schema."""
+    if request.param == "sqlite":
+        return str(db_path)
+    return str(request.getfixturevalue("pg_dsn"))
 
 
 @pytest.fixture

@@ -1,0 +1,305 @@
+"""The same queue on PostgreSQL: schema, connections, transactions, the server's clock.
+
+The protocol (``queue``) is not repeated here; this module supplies only
+what differs from the SQLite file (``storage.SqliteStore``):
+
+- **Transactions** are ``READ COMMITTED``. SQLite's ``BEGIN IMMEDIATE``
+  admits one writer at a time; here many run at once, and the protocol's
+  guarded UPDATEs carry the safety instead: a row already changed by a
+  transaction that committed meanwhile is re-read, and the UPDATE's WHERE is
+  re-evaluated on that newest version before it writes (PostgreSQL's
+  EvalPlanQual). A stale generation, a state that is no longer ``leased`` or
+  a passed deadline therefore matches no row, whichever transaction got
+  there first; the caller sees the count and rolls back.
+- **The claim** locks its candidates with ``FOR UPDATE SKIP LOCKED``: two
+  workers never choose the same row, and neither waits for the other.
+- **Durability**: every commit waits for the server's WAL flush, claims
+  included. On one host a lost claim dies with every worker that could
+  hold it; here the server and the workers fail apart, so a claim the
+  server forgot could leave a worker holding a generation that is handed
+  out again.
+- **The mark** is a table ``queue_core_meta`` (application id, schema
+  version) in the connection's current schema, created in the same
+  transaction as the tables: DDL is transactional, so a refused or failed
+  creation leaves nothing behind. A schema that holds other tables and no
+  mark is refused (``not_a_queue``) without a write.
+
+Tests use ``QUEUE_CORE_PG_DSN``, or a private server from ``pgserver``.
+"""
+
+from __future__ import annotations
+
+import re
+from types import TracebackType
+from typing import Any, Iterable, Sequence
+from urllib.parse import urlsplit
+
+import psycopg
+
+from .errors import UnusableFile
+from .storage import APPLICATION_ID, CLAIM_SELECT, EXPIRED_SELECT, SCHEMA_VERSION
+
+CONNECT_TIMEOUT_SECONDS = 10
+META_TABLE = "queue_core_meta"
+
+# The SQLite schema's meaning, constraint for constraint, in PostgreSQL's words.
+SCHEMA = f"""
+CREATE TABLE messages (
+    event_id     text PRIMARY KEY
+                 CONSTRAINT event_id_shape CHECK (event_id ~ '^E[0-9]{{4}}$'),
+    payload      text NOT NULL CONSTRAINT payload_is_json CHECK (payload::json IS NOT NULL),
+    state        text NOT NULL DEFAULT 'ready'
+                 CONSTRAINT state_valid CHECK (state IN ('ready', 'leased', 'done', 'dead')),
+    attempts     bigint NOT NULL DEFAULT 0 CONSTRAINT attempts_valid CHECK (attempts >= 0),
+    generation   bigint NOT NULL DEFAULT 0
+                 CONSTRAINT generation_counts_every_claim CHECK (generation >= attempts),
+    available_at bigint NOT NULL,
+    lease_until  bigint,
+    last_error   text,
+    CONSTRAINT lease_until_iff_leased CHECK ((state = 'leased') = (lease_until IS NOT NULL)),
+    CONSTRAINT leased_was_claimed CHECK (state <> 'leased' OR attempts >= 1),
+    CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL)
+);
+CREATE INDEX messages_ready ON messages (available_at, event_id) WHERE state = 'ready';
+CREATE INDEX messages_leased ON messages (lease_until) WHERE state = 'leased';
+CREATE TABLE effects (
+    event_id     text PRIMARY KEY REFERENCES messages (event_id),
+    category     text NOT NULL CONSTRAINT category_named CHECK (length(category) > 0),
+    amount_cents bigint NOT NULL
+                 CONSTRAINT amount_in_range CHECK (amount_cents BETWEEN 1 AND 9999999)
+);
+CREATE TABLE transitions (
+    seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at         bigint NOT NULL,
+    event_id   text NOT NULL REFERENCES messages (event_id),
+    from_state text CONSTRAINT from_valid
+               CHECK (from_state IN ('ready', 'leased', 'done', 'dead')),
+    to_state   text NOT NULL
+               CONSTRAINT to_valid CHECK (to_state IN ('ready', 'leased', 'done', 'dead')),
+    generation bigint NOT NULL,
+    attempts   bigint NOT NULL,
+    reason     text NOT NULL,
+    CONSTRAINT legal_edge CHECK (
+        (from_state IS NULL AND to_state = 'ready')
+        OR (from_state = 'ready' AND to_state = 'leased')
+        OR (from_state = 'leased' AND to_state IN ('done', 'ready', 'dead'))
+        OR (from_state = 'dead' AND to_state = 'ready'))
+);
+CREATE TABLE {META_TABLE} (
+    application_id bigint NOT NULL,
+    schema_version integer NOT NULL
+);
+INSERT INTO {META_TABLE} (application_id, schema_version)
+    VALUES ({APPLICATION_ID}, {SCHEMA_VERSION})
+"""
+
+_TABLES_HERE = ("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                "ORDER BY tablename")
+
+
+class PgConnection:
+    """A psycopg connection that speaks the protocol's SQL: ``?`` parameters,
+    ``execute`` returning a cursor, transactions begun only by this module."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        return self.raw.execute(_placeholders(sql), params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        cursor = self.raw.cursor()
+        cursor.executemany(_placeholders(sql), list(rows))
+        return cursor
+
+    def has_table(self, name: str) -> bool:
+        return self.raw.execute("SELECT 1 FROM pg_tables WHERE schemaname = current_schema() "
+                                "AND tablename = %s", (name,)).fetchone() is not None
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+_TRANSLATED: dict[str, str] = {}
+
+
+def _placeholders(sql: str) -> str:
+    """``?`` to psycopg's ``%s`` (a literal ``%`` doubled); the protocol's
+    statements hold no ``?`` inside a string literal."""
+    translated = _TRANSLATED.get(sql)
+    if translated is None:
+        translated = _TRANSLATED[sql] = sql.replace("%", "%%").replace("?", "%s")
+    return translated
+
+
+class pg_transaction:  # noqa: N801 - used like a function, as storage.transaction
+    """``BEGIN`` (``READ COMMITTED``, or the given level): commit on success,
+    roll back on any exception, ``BaseException`` included."""
+
+    __slots__ = ("conn", "begin")
+
+    def __init__(self, conn: PgConnection, begin: str = "BEGIN ISOLATION LEVEL READ COMMITTED"):
+        self.conn = conn
+        self.begin = begin
+
+    def __enter__(self) -> PgConnection:
+        self.conn.execute(self.begin)
+        return self.conn
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        elif not (self.conn.raw.closed or self.conn.raw.broken):
+            self.conn.execute("ROLLBACK")  # the exception propagates
+        # A broken connection needs no ROLLBACK: the server ended the
+        # transaction when it lost the connection, and the original error
+        # (not a second one about the ROLLBACK) is what the caller must see.
+
+
+class PostgresStore:
+    """A queue in a PostgreSQL database (its current schema), given a connection string."""
+
+    name = "postgres"
+    integrity_errors: tuple[type[BaseException], ...] = (psycopg.errors.IntegrityError,)
+    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+    # SKIP LOCKED: a row another claim has locked is not a candidate for this one.
+    claim_select = CLAIM_SELECT + " FOR UPDATE SKIP LOCKED"
+    expired_select = EXPIRED_SELECT + " FOR UPDATE SKIP LOCKED"
+    # A read that decides a later write (redrive) locks its row: many writers run at once.
+    for_update = " FOR UPDATE"
+
+    def __init__(self, dsn: str) -> None:
+        self.target = dsn
+
+    def describe(self) -> str:
+        """Where the queue is, without the password."""
+        parts = urlsplit(self.target)
+        host = parts.hostname or "local socket"
+        port = f":{parts.port}" if parts.port else ""
+        return f"postgresql://{host}{port}{parts.path or '/'}"
+
+    def connect(self, *, synchronous: str = "FULL") -> PgConnection:
+        """Open a connection; ``synchronous`` other than FULL stops waiting for
+        the server's WAL flush at commit (``synchronous_commit = off``)."""
+        try:
+            raw = psycopg.connect(self.target, autocommit=True,
+                                  connect_timeout=CONNECT_TIMEOUT_SECONDS)
+        except psycopg.Error as exc:
+            raise UnusableFile("cannot_connect", f"{self.describe()}: "
+                               f"{one_line(exc)}") from None
+        if synchronous != "FULL":
+            raw.execute("SET synchronous_commit = off")
+        return PgConnection(raw)
+
+    def connect_readonly(self) -> PgConnection:
+        return self.connect()
+
+    def transaction(self, conn: PgConnection, *, relaxed: bool = False) -> pg_transaction:
+        # ``relaxed`` is ignored: see the module's note on durability.
+        return pg_transaction(conn)
+
+    def read_transaction(self, conn: PgConnection) -> pg_transaction:
+        """One snapshot for every statement inside, and no write possible."""
+        return pg_transaction(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+    def serialize_enqueue(self, conn: PgConnection) -> None:
+        """Admit one enqueue at a time, until its commit.
+
+        Enqueue reads which event ids are stored, then inserts the others.
+        Two batches with a common new id would both find it missing; the
+        second INSERT would then fail on the primary key instead of counting
+        a duplicate or refusing a conflict. Under this lock each enqueue's
+        read (a new snapshot per statement) sees every earlier batch.
+        """
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
+
+    def self_checks(self, conn: PgConnection) -> tuple[tuple[str, ...],
+                                                       tuple[tuple[Any, ...], ...]]:
+        """Nothing to ask: PostgreSQL enforces foreign keys on every write and
+        has no ``integrity_check``; reported as SQLite reports a sound file."""
+        return ("ok",), ()
+
+    def prepare(self, *, create: bool = True) -> None:
+        """Use the database's current schema as a queue, creating it if empty.
+
+        Raises ``UnusableFile``: ``cannot_connect``, ``not_a_queue`` (other
+        tables and no mark), ``schema_too_new`` or ``no_queue_file`` (nothing
+        there and ``create`` is false). Writes nothing unless it creates.
+        """
+        conn = self.connect()
+        try:
+            if self._inspect(conn) == "queue":
+                return
+            if not create:
+                raise UnusableFile("no_queue_file", f"{self.describe()}: no queue here yet "
+                                   "(enqueue a batch to create one)")
+            with pg_transaction(conn):
+                # Two processes may create at once: the second waits, then finds the mark.
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
+                if self._inspect(conn) == "new":
+                    for statement in SCHEMA.split(";\n"):
+                        conn.execute(statement)
+        finally:
+            conn.close()
+
+    def _inspect(self, conn: PgConnection) -> str:
+        tables = [row[0] for row in conn.execute(_TABLES_HERE)]
+        if META_TABLE not in tables:
+            if not tables:
+                return "new"
+            raise UnusableFile("not_a_queue", f"{self.describe()} holds tables of another "
+                               f"application ({', '.join(tables[:6])}) and no queue mark; "
+                               "the queue writes only to its own schema")
+        mark = conn.execute(f"SELECT application_id, schema_version FROM {META_TABLE}").fetchall()
+        if len(mark) != 1 or mark[0][0] != APPLICATION_ID:
+            raise UnusableFile("not_a_queue", f"{self.describe()}: {META_TABLE} does not hold "
+                               "this queue's mark")
+        if mark[0][1] > SCHEMA_VERSION:
+            raise UnusableFile("schema_too_new", f"{self.describe()} has queue schema version "
+                               f"{mark[0][1]}; this version of queue_core knows {SCHEMA_VERSION}")
+        return "queue"
+
+
+class DatabaseClock:
+    """The database server's clock, in integer seconds: one judge for every host.
+
+    A lease deadline is written by one worker's claim and judged by another
+    worker's ACK or claim. On one host both read the same clock. Workers on
+    several hosts read several clocks, each off by its own drift and
+    corrections: a worker whose clock runs behind still believes in a lease
+    that a worker whose clock runs ahead has already recovered and handed
+    out again. The fence still refuses the stale ACK, but leases end early
+    or late by the skew, and a clock that jumps back lets a worker extend a
+    deadline that has passed for everyone else. The server's clock is one
+    clock, read by every worker in the same way, so every deadline is judged
+    against the same time. (``clock_timestamp()``, not ``now()``: the time
+    of this call, not the start of some transaction.)
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._conn: PgConnection | None = None
+
+    def now(self) -> int:
+        if self._conn is None or self._conn.raw.closed:
+            self._conn = PostgresStore(self.dsn).connect()
+        row = self._conn.execute(
+            "SELECT floor(extract(epoch FROM clock_timestamp()))::bigint").fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        """Close the clock's own connection (``now`` opens another if asked)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __repr__(self) -> str:
+        return f"DatabaseClock({PostgresStore(self.dsn).describe()!r})"
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's text on one line, for ``error: CODE: ...``."""
+    return re.sub(r"\s*\n\s*", "; ", str(exc).strip())
