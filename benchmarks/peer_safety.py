@@ -173,8 +173,10 @@ def crash_all(names: list[str], workdir: Path, n: int = 5) -> dict[str, dict[str
         victims[name] = first["got"][0]
     time.sleep(CRASH_PAUSE_S)
     results = {}
+    # The drain after the pause takes a long lease: a lease of one whole second
+    # can end a few milliseconds after a claim made late in that second.
     for name, proc in [(name, start_consumer({"peer": name, "path": str(path),
-                                              "lease_seconds": 1}))
+                                              "lease_seconds": 30}))
                        for name, path in paths.items()]:
         _, after = finish(proc)
         victim = victims[name]

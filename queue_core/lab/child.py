@@ -26,7 +26,7 @@ from ..worker import drain, process_one
 from .contrasts import protocol
 from .faults import FlakyHandler
 
-_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds queue_core
 GATE_TIMEOUT_SECONDS = 30.0
 
 

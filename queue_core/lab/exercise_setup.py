@@ -233,7 +233,7 @@ def run_naive_quietly(queue: Queue, steps: tuple[str, ...], crash_after: int) ->
     """``run_naive_worker`` without the printing: start the process, wait, report."""
     spec = {"db": os.path.abspath(queue.path), "now": queue.clock.now(),
             "lease_seconds": queue.lease_seconds, "steps": list(steps), "crash_after": crash_after}
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parents[2])  # holds queue_core/
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]))
     done = subprocess.run([sys.executable, "-m", "queue_core.lab.exercise_setup", json.dumps(spec)],
