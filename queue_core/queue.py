@@ -267,6 +267,7 @@ class Queue(QueueViews):
         ``not_leased``) or ``InvalidPayload``; either way the whole
         transaction, INSERT included, is rolled back.
         """
+        _require_lease(lease)
         with self.transaction() as conn:
             crash_point("complete.after_begin")
             row = conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone()
@@ -285,6 +286,8 @@ class Queue(QueueViews):
         payload is invalid) is rolled back alone and reported as its error,
         in input order; the others commit together.
         """
+        for lease in leases:
+            _require_lease(lease)
         results: list[Effect | QueueError] = []
         journal_rows: list[tuple[Any, ...]] = []
         with self.transaction() as conn:
@@ -389,6 +392,7 @@ class Queue(QueueViews):
         passed is passed: an expired lease cannot be revived, since a claim
         may already have handed the message to another worker.
         """
+        _require_lease(lease)
         _require_positive("seconds", seconds)
         with self.transaction() as conn:
             now = self.clock.now()
@@ -413,6 +417,7 @@ class Queue(QueueViews):
         (1 s, then 2 s), or ``dead`` if this was the last attempt. Permanent:
         ``dead`` at once. ``code`` is stored as ``last_error``.
         """
+        _require_lease(lease)
         with self.transaction() as conn:
             crash_point("fail.after_begin")
             outcome = self._fail(conn, lease, code, permanent)
@@ -495,6 +500,12 @@ def write_journal(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> 
         conn.execute(JOURNAL_INSERT, rows[0])
         return
     conn.executemany(JOURNAL_INSERT, rows)
+
+
+def _require_lease(lease: Lease) -> None:
+    """A programmer error, refused before the database is touched."""
+    if not isinstance(lease, Lease):
+        raise TypeError(f"expected the Lease that claim() returned, got {type(lease).__name__}")
 
 
 def _require_positive(name: str, value: int) -> None:

@@ -72,3 +72,21 @@ def test_fail_at_the_lease_deadline_is_refused_as_expired_and_changes_nothing(
     assert snapshot(db_path) == before
     assert row(db_path, "E0001")["state"] == "leased"
     assert ledger(db_path) == expect(total=0, effects=0, leased=1)
+
+
+@pytest.mark.parametrize("call", ["complete", "complete_batch", "fail", "extend"])
+def test_anything_but_a_lease_is_a_type_error_before_the_database_is_touched(
+        queue: Queue, db_path: Path, call: str) -> None:
+    queue.enqueue_jsonl(ONE_BOOK)
+    assert queue.claim() is not None
+    before = snapshot(db_path)
+    attempts = {"complete": lambda: queue.complete(None, Handler()),  # type: ignore[arg-type]
+                "complete_batch": lambda: queue.complete_batch([None], Handler()),  # type: ignore[list-item]
+                "fail": lambda: queue.fail("E0001"),  # type: ignore[arg-type]
+                "extend": lambda: queue.extend({"event_id": "E0001"}, 5)}  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match="expected the Lease that claim"):
+        attempts[call]()
+
+    assert snapshot(db_path) == before
+    assert ledger(db_path) == expect(total=0, effects=0, leased=1)
