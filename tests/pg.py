@@ -1,89 +1,55 @@
 """A PostgreSQL server for the tests, and a fresh schema per test.
 
-``QUEUE_CORE_PG_DSN`` names a server to use (its user must be allowed to
-create schemas); without it a private server is started once per session
-with ``pgserver`` in a temporary folder, and stopped at the end. Each test
-gets its own schema, named in the connection string's ``search_path``, so
-every table the queue creates is new, and is dropped afterwards.
+``queue_core.lab.private_postgres`` supplies the server once per session:
+``QUEUE_CORE_PG_DSN`` if set (its user must be allowed to create schemas),
+else a private server from ``pgserver`` in a temporary folder. Without a
+server the PostgreSQL tests are skipped with the reason, unless
+``QUEUE_CORE_PG_REQUIRED=1`` says this machine must have one: then they fail.
+Each test gets its own schema, named in the connection string's
+``search_path``, so every table the queue creates is new, and is dropped
+afterwards.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import warnings
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
-DSN_VARIABLE = "QUEUE_CORE_PG_DSN"
+from queue_core.lab.postgres_server import (NoPostgres, drop_schema, fresh_schema as new_schema,
+                                            private_postgres)
+
+REQUIRED_VARIABLE = "QUEUE_CORE_PG_REQUIRED"
 ROOT = Path(__file__).resolve().parent.parent
-_counter = itertools.count(1)
-
-
-def private_server() -> Iterator[str]:
-    """Start PostgreSQL with ``pgserver`` in a temporary folder; yield its DSN; stop it."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # XDG_RUNTIME_DIR unset in containers
-            import pgserver
-    except ImportError as exc:
-        pytest.skip(f"no PostgreSQL: set {DSN_VARIABLE} to a server's postgresql:// "
-                    f"connection string (pgserver is not available here: {exc})")
-    folder = tempfile.mkdtemp(prefix="queue_core_pg_")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            server = pgserver.get_server(folder, cleanup_mode="stop")
-    except Exception as exc:  # noqa: BLE001 - any failure to start means: no server here
-        shutil.rmtree(folder, ignore_errors=True)
-        pytest.skip(f"no PostgreSQL: pgserver could not start one ({exc}); "
-                    f"set {DSN_VARIABLE} to a server's postgresql:// connection string")
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def server_dsn() -> Iterator[str]:
-    """``QUEUE_CORE_PG_DSN`` if set, else a private server for the session."""
-    given = os.environ.get(DSN_VARIABLE)
-    if given:
-        yield given
-        return
-    yield from private_server()
-
-
-def with_schema(dsn: str, schema: str) -> str:
-    """``dsn`` whose connections use ``schema`` as their current schema."""
-    parts = urlsplit(dsn)
-    query = dict(parse_qsl(parts.query))
-    query["options"] = f"{query.get('options', '')} -csearch_path={schema}".strip()
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    """``QUEUE_CORE_PG_DSN`` if set, else a private server for the session;
+    no server is a skip, or a failure where ``QUEUE_CORE_PG_REQUIRED=1``."""
+    with ExitStack() as stack:
+        try:
+            dsn = stack.enter_context(private_postgres())
+        except NoPostgres as exc:
+            if os.environ.get(REQUIRED_VARIABLE) == "1":
+                pytest.fail(f"{exc} ({REQUIRED_VARIABLE}=1: this machine must run them)",
+                            pytrace=False)
+            pytest.skip(str(exc))
+        yield dsn
 
 
 def fresh_schema(dsn: str) -> Iterator[str]:
     """Create an empty schema, yield a DSN that works in it, drop it afterwards."""
-    import psycopg
-
-    schema = f"queue_test_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
+    schema_dsn = new_schema(dsn, prefix="queue_test")
     try:
-        yield with_schema(dsn, schema)
+        yield schema_dsn
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            # A crashed worker's session may still be ending: wait for its locks.
-            conn.execute("SET lock_timeout = '10s'")
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        drop_schema(schema_dsn)
 
 
 def run_worker(db: str, *, now: int | None = 1000, lease_seconds: int = 2,

@@ -35,7 +35,8 @@ SECRETS = {
     "Stripe live key": r"\b[rs]k_live_[0-9A-Za-z]{20,}\b",
     "password assignment": r"""(?i:password|passwd|pwd|secret|api_?key|access_?token)"""
                            r"""["']?\s*[:=]\s*["'][^"'\s]{6,}["']""",
-    "credentials in a URL": r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s:@]+@[\w.-]+",
+    # USER:PASSWORD@ is the README's placeholder for a connection string, not a secret.
+    "credentials in a URL": r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?!PASSWORD@)[^/\s:@]+@[\w.-]+",
 }
 _SECRET = re.compile("|".join(f"(?P<g{i}>{pattern})" for i, pattern in enumerate(SECRETS.values())))
 
@@ -136,7 +137,9 @@ def test_the_secret_detector_knows_every_kind_it_names() -> None:
     'password = os.environ["DB_PASSWORD"]',
     '"event_id": "E0001"',
     "https://docs.python.org/3/library/sqlite3.html",
-], ids=["comment-about-a-token", "password-from-environment", "event-id", "plain-url"])
+    "queue-core --db postgresql://USER:PASSWORD@HOST:5432/DBNAME work",
+], ids=["comment-about-a-token", "password-from-environment", "event-id", "plain-url",
+        "placeholder-connection-string"])
 def test_the_secret_detector_leaves_ordinary_code_alone(text: str) -> None:
     assert secrets_in(text) == []
 

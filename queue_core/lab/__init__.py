@@ -6,19 +6,24 @@ worker processes that crash on purpose (``child``), deliberately broken
 protocols kept as contrasts (``contrasts``), a handler with injected faults
 (``faults``), the reference scenario (``scenario``, ``demo``), the crash
 sweep (``sweep``), the power-loss sweep (``powerloss``, ``wal``), the
-schedule explorer (``explore``), the stress run (``stress``), the exercises and their checks (``exercises``,
-``exercise_setup``) and the pictures (``plots``).
+schedule explorer (``explore``), the stress run (``stress``), throughput
+against worker processes (``scaling``), a PostgreSQL server of its own and
+a fresh schema per run (``postgres_server``), the exercises and their
+checks (``exercises``, ``exercise_setup``) and the pictures (``plots``).
 
-Importing the lab does not import pandas or matplotlib; a plot imports them
-when it is drawn. Notebooks import these public names:
+Importing the lab imports neither pandas, matplotlib nor psycopg; a plot
+imports the first two when it is drawn, ``DatabaseClock`` the third when it
+is first named. Notebooks import these public names:
 
     from queue_core.lab import run_child, plot_timeline, transitions_frame
 """
 
 from .child import ChildResult, collect, open_gate, reap, run_child
 from .contrasts import PROTOCOLS, REAL, Protocol, protocol
-from .demo import DemoReport, run_demo, run_scenario
+from .demo import DemoReport, play_scenario, run_demo, run_scenario
 from .faults import FlakyHandler
+from .postgres_server import fresh_schema, private_postgres
+from .scaling import ScalingRow, measure_scaling, plot_scaling, scaling_frame
 from .powerloss import PowerLossReport, plot_powerloss, powerloss_frame, run_powerloss
 from .explore import Exploration, explore, plot_state_space, replay
 from .plots import (STATE_COLORS, Mark, consumer_turns, consumers_frame, mark, metrics_frame,
@@ -34,8 +39,17 @@ __all__ = [
     "PROTOCOLS", "PowerLossReport", "Protocol", "REAL", "SCHEDULES", "START", "STATE_COLORS", "STEPS", "StressReport",
     "SweepRow", "collect", "consumers_frame", "mark", "metrics_frame", "open_gate",
     "plot_consumers", "plot_metrics", "plot_powerloss", "plot_state_machine", "plot_sweep",
-    "plot_timeline", "powerloss_frame",
+    "plot_timeline", "powerloss_frame", "fresh_schema", "play_scenario", "private_postgres",
+    "DatabaseClock", "ScalingRow", "measure_scaling", "plot_scaling", "scaling_frame",
     "protocol", "reap", "run_child", "run_demo", "run_powerloss", "run_scenario", "run_stress",
     "run_sweep",
     "sweep_frame", "transitions_frame",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``DatabaseClock`` on first use: importing the lab does not load psycopg."""
+    if name == "DatabaseClock":
+        from ..postgres import DatabaseClock
+        return DatabaseClock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """The reference scenario of the course (SPEC section 6), end to end.
 
 ``python -m queue_core demo`` and notebook 00 run exactly this, in a
-temporary database, with a real child process that crashes before COMMIT.
+temporary database (notebook 10 on PostgreSQL, with the same calls), with a real child process that crashes before COMMIT.
 """
 
 from __future__ import annotations
@@ -36,7 +36,12 @@ class DemoReport:
 
 def run_scenario(workdir: str | Path, say: Callable[[str], None] = print) -> DemoReport:
     """Play the scenario on ``workdir/demo.sqlite3``; narrate through ``say``."""
-    db = Path(workdir) / "demo.sqlite3"
+    return play_scenario(str(Path(workdir) / "demo.sqlite3"), say)
+
+
+def play_scenario(db: str, say: Callable[[str], None] = print) -> DemoReport:
+    """Play the scenario on ``db``, a new SQLite file or an empty PostgreSQL
+    schema's ``postgresql://`` string (notebook 10); narrate through ``say``."""
     clock = ModelClock(START)
     queue = Queue(db, clock=clock, lease_seconds=LEASE_SECONDS)
     handler = Handler()

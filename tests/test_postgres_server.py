@@ -1,0 +1,68 @@
+"""The PostgreSQL server the notebooks and tests use: where it comes from,
+what happens without one, and the fresh schema each run gets."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import pg
+from queue_core import ModelClock, Queue
+from queue_core.lab import fresh_schema, private_postgres
+from queue_core.lab.postgres_server import DSN_VARIABLE, NoPostgres, drop_schema, schema_of
+
+ONE_ORDER = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'
+
+
+@pytest.fixture
+def no_server_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No QUEUE_CORE_PG_DSN, and ``import pgserver`` fails."""
+    monkeypatch.delenv(DSN_VARIABLE, raising=False)
+    monkeypatch.setitem(sys.modules, "pgserver", None)
+
+
+def test_private_postgres_yields_the_server_queue_core_pg_dsn_names_unchanged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DSN_VARIABLE, "postgresql://queue@db.invalid/shop")
+    with private_postgres() as dsn:
+        assert dsn == "postgresql://queue@db.invalid/shop"
+
+
+def test_without_any_server_private_postgres_raises_an_error_naming_queue_core_pg_dsn(
+        no_server_here: None) -> None:
+    with pytest.raises(NoPostgres, match=DSN_VARIABLE):
+        with private_postgres():
+            pass
+
+
+def test_without_a_server_the_postgres_tests_are_skipped_with_the_reason(
+        no_server_here: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(pg.REQUIRED_VARIABLE, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=DSN_VARIABLE):
+        next(pg.server_dsn())
+
+
+def test_where_postgres_is_required_a_missing_server_fails_the_tests_instead_of_skipping(
+        no_server_here: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(pg.REQUIRED_VARIABLE, "1")
+    with pytest.raises(pytest.fail.Exception, match=f"{DSN_VARIABLE}.*{pg.REQUIRED_VARIABLE}=1"):
+        next(pg.server_dsn())
+
+
+def test_each_fresh_schema_starts_empty_and_is_gone_after_it_is_dropped(pg_server: str) -> None:
+    first, second = fresh_schema(pg_server), fresh_schema(pg_server)
+    try:
+        assert schema_of(first) != schema_of(second)
+        Queue(first, clock=ModelClock(1000)).enqueue_jsonl(ONE_ORDER)
+        again = Queue(second, clock=ModelClock(1000))
+        assert again.enqueue_jsonl(ONE_ORDER).inserted == 1  # the first run's row is not here
+        assert (again.status().total, again.status().states["ready"]) == (0, 1)
+    finally:
+        drop_schema(first)
+        drop_schema(second)
+    import psycopg
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname IN (%s, %s)",
+                            (schema_of(first), schema_of(second))).fetchone()
+    assert left == (0,)
