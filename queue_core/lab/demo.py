@@ -1,4 +1,4 @@
-"""The reference scenario of the course (SPEC section 6), end to end.
+"""The reference scenario of the course (notebook 00, README), end to end.
 
 ``python -m queue_core demo`` and notebook 00 run exactly this, in a
 temporary database (notebook 10 on PostgreSQL, with the same calls), with a real child process that crashes before COMMIT.

@@ -3,8 +3,8 @@ databases of exercise 5, and exercise 6's naive worker process.
 
 Every state is built through the protocol on a fresh file with a model clock;
 every crash is a real process ending by ``os._exit``. ``python -m
-queue_core.lab.exercise_setup SPEC`` is the naive worker's process (see
-``run_naive_worker``). Learners call these through ``queue_core.exercises``.
+queue_core.lab.exercise_setup JSON`` is the naive worker's process (see
+``run_naive_worker``). Learners call these through ``queue_core.lab.exercises``.
 """
 
 from __future__ import annotations
