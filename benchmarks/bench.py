@@ -30,12 +30,23 @@ message, so it is compared with our end-to-end figures (enqueue, claim,
 ACK). Then ``peer_safety.py`` runs two consumer processes and a crashing
 consumer against each of them and against ours; ours must show no
 duplicate, no missing item and a crashed item delivered again.
+
+Worker processes: the full run drains single messages with 1, 2 and 4
+worker processes on SQLite (one writer at a time: the rate stays flat) and
+on PostgreSQL (many writers: it should grow), and K=100 batches with 1, 2
+and 4 on PostgreSQL. PostgreSQL runs on ``QUEUE_CORE_PG_DSN`` or on a
+private ``pgserver`` started and stopped here, each queue in a fresh
+schema; its cases are divided by PostgreSQL's own raw commit rate (a
+single-row INSERT per ``BEGIN ... COMMIT``, ``synchronous_commit = on``),
+measured after each of them in the same interleaved rounds. ``scaling``
+is the small version of that comparison, for a notebook.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from contextlib import contextmanager
 import resource
 import sqlite3
 import sys
@@ -50,8 +61,8 @@ if str(HERE) not in sys.path:  # the cases live next to this file
     sys.path.insert(0, str(HERE))
 
 import fsyncs  # noqa: E402
-from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd, QueueSize,  # noqa: E402
-                         RawCommits, Slice, Worker)
+from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noqa: E402
+                         PgRawCommits, QueueSize, RawCommits, Schemas, Slice, Worker)
 from peer_safety import describe, probe_all  # noqa: E402
 from peers import PeerCase, PeerWorker, build_peer_cases, missing_peers  # noqa: E402
 
@@ -64,7 +75,11 @@ TARGETS = {  # name: (numerator, denominator, minimum ratio); "size_max" is the 
     # peer is the fastest of every peer's variants, batched ones included
     "single vs fastest peer": ("e2e:single", "e2e:fastest_peer", 1.0),
     "K=100 vs fastest peer": ("e2e:batch_100", "e2e:fastest_peer", 5.0),
+    # PostgreSQL: many writers at once on 2 cores, and its own commit limit
+    "PG 4 workers vs 1": ("pg_single_4", "pg_single_1", 1.5),
+    "PG single vs PG raw": ("pg_single_1", "pg_raw", 0.4),
 }
+WORKER_COUNTS = (1, 2, 4)
 MEMORY_LIMIT_MB = 150.0
 
 
@@ -84,10 +99,11 @@ class Plan:
     full: bool  # also 2 workers, single-message drain, NORMAL, the memory check and the peers
     peers: bool = False  # the peers, our single-message drain and the safety probe
     safety: tuple[int, int] = (200, 3)  # items per two-consumer round, rounds
+    postgres: int = 0  # messages per PostgreSQL single-message slice; 0: no PostgreSQL
 
 
 FULL = Plan(rounds=12, budget_s=120.0, raw=40, single=100, k10=400, k100=2000,
-            sizes=(1_000, 10_000, 100_000), full=True, peers=True)
+            sizes=(1_000, 10_000, 100_000), full=True, peers=True, postgres=400)
 QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
              sizes=(1_000, 10_000), full=False)
 # A few seconds for notebook 08: ours and the peers end to end, and one probe round.
@@ -103,9 +119,11 @@ def same_file_system_dir() -> Path:
 
 
 def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
-                peer_worker: PeerWorker | None = None) -> Iterator[Case]:
-    """The cases; all but the two-worker one share the first worker process;
-    the peers share a process of their own."""
+                peer_worker: PeerWorker | None = None,
+                schemas: Schemas | None = None) -> Iterator[Case]:
+    """The cases; all but the several-worker ones share the first worker
+    process; the peers share a process of their own; PostgreSQL's cases
+    (with ``schemas``) put each queue in a fresh schema."""
     n, one = plan.single, pool[:1]
     yield BareProtocol(workdir, n)
     if plan.full or plan.peers:
@@ -114,6 +132,8 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
     if plan.full:
         yield EndToEnd("two_workers", "single message, 2 worker processes", workdir, n,
                        op="drain", workers=pool[:2])
+        yield EndToEnd("four_workers", "single message, 4 worker processes", workdir, n,
+                       op="drain", workers=pool[:4])
     for k, count in ((1, n), (10, plan.k10), (100, plan.k100)):
         yield EndToEnd(f"batch_{k}", f"batched claim + complete, K={k}", workdir, count,
                        op="batch", k=k, workers=one)
@@ -124,6 +144,14 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
                        workdir, n, op="drain", sync="NORMAL", workers=one)
     if peer_worker is not None:
         yield from build_peer_cases(workdir, n, peer_worker)
+    if schemas is not None:
+        for k, count in ((1, plan.postgres), (100, plan.k100)):
+            for workers in WORKER_COUNTS:
+                name = f"pg_{'single' if k == 1 else f'batch_{k}'}_{workers}"
+                yield EndToEnd(name, f"PostgreSQL {'single message' if k == 1 else f'K={k}'}, "
+                               f"{workers} worker process{'es' if workers > 1 else ''}",
+                               workdir, count, op="drain", k=k, workers=pool[:workers],
+                               schemas=schemas)
 
 
 def run(quick: bool = False, log: Callable[[str], None] | None = None,
@@ -139,32 +167,20 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
     """
     plan = plan or (QUICK if quick else FULL)
     say = log or (lambda text: None)
-    with tempfile.TemporaryDirectory(prefix="queue-bench-", dir=same_file_system_dir()) as tmp:
-        raw = RawCommits(Path(tmp), plan.raw)
-        pool = [Worker() for _ in range(2 if plan.full else 1)]
+    with tempfile.TemporaryDirectory(prefix="queue-bench-", dir=same_file_system_dir()) as tmp, \
+            _postgres(plan.postgres > 0, say) as server:
+        raws: dict[str, Case] = {"raw": RawCommits(Path(tmp), plan.raw)}
+        schemas = None if server is None else Schemas(server, "queue_bench")
+        pool = [Worker() for _ in range(max(WORKER_COUNTS) if plan.full else 1)]
         peer_worker = PeerWorker() if plan.peers else None
         cases: list[Case] = []
         safety: dict[str, dict[str, Any]] = {}
         try:
-            cases.extend(build_cases(Path(tmp), plan, pool, peer_worker))
+            if schemas is not None:
+                raws["pg_raw"] = PgRawCommits(schemas.fresh("raw"), plan.raw)
+            cases.extend(build_cases(Path(tmp), plan, pool, peer_worker, schemas))
             say(f"{len(cases)} cases and the raw limit in {tmp}; {plan.rounds} rounds")
-            before = raw.slice()
-            raw.slices.append(before)
-            started = time.perf_counter()
-            for round_no in range(plan.rounds):
-                if round_no >= 2 and time.perf_counter() - started > plan.budget_s:
-                    break
-                turn = round_no % len(cases)
-                for case in cases[turn:] + cases[:turn]:
-                    measured = case.slice()
-                    after = raw.slice()
-                    raw.slices.append(after)
-                    limit = (_rate(before) + _rate(after)) / 2
-                    case.slices.append(measured)
-                    case.relative.append(_rate(measured) / limit)
-                    case.relative_total.append(measured.messages / measured.total_s / limit)
-                    before = after
-                say(f"round {round_no + 1}/{plan.rounds} done")
+            interleave(cases, raws, plan.rounds, plan.budget_s, say)
             memory = None
             if plan.full:
                 largest = max((c for c in cases if isinstance(c, QueueSize)), key=lambda c: c.size)
@@ -177,17 +193,113 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
                 safety = probe_all(Path(tmp) / "safety", items, rounds)
                 check_our_safety(safety["queue_core"])
         finally:
-            for case in (raw, *cases):
+            for case in (*raws.values(), *cases):
                 case.close()
             for worker in pool:
                 worker.close()
             if peer_worker is not None:
                 peer_worker.close()
-    results = summarise(raw, cases, memory, safety, missing_peers() if plan.peers else [])
+            if schemas is not None:
+                schemas.close()
+    results = summarise(raws["raw"], cases, memory, safety,
+                        missing_peers() if plan.peers else [], extra_raws=list(raws.values())[1:])
     if plan.full:
         say("counting fsyncs per message")
         results["fsyncs"] = (fsyncs.count(fsync_claims=False), fsyncs.count(fsync_claims=True))
     return results
+
+
+def interleave(cases: list[Case], raws: dict[str, Case], rounds: int, budget_s: float,
+               say: Callable[[str], None]) -> None:
+    """Run every case once per round (the first one rotates); after each slice,
+    a slice of the raw commits it is divided by (its ``baseline``), so each
+    case is judged against the limit measured just before and just after it."""
+    before = {}
+    for name, raw in raws.items():
+        before[name] = raw.slice()
+        raw.slices.append(before[name])
+    started = time.perf_counter()
+    for round_no in range(rounds):
+        if round_no >= 2 and time.perf_counter() - started > budget_s:
+            break
+        turn = round_no % len(cases)
+        for case in cases[turn:] + cases[:turn]:
+            raw = raws[case.baseline]
+            measured = case.slice()
+            after = raw.slice()
+            raw.slices.append(after)
+            limit = (_rate(before[case.baseline]) + _rate(after)) / 2
+            case.slices.append(measured)
+            case.relative.append(_rate(measured) / limit)
+            case.relative_total.append(measured.messages / measured.total_s / limit)
+            before[case.baseline] = after
+        say(f"round {round_no + 1}/{rounds} done")
+
+
+@contextmanager
+def _postgres(wanted: bool, say: Callable[[str], None]) -> Iterator[str | None]:
+    """A PostgreSQL server for the run: ``QUEUE_CORE_PG_DSN``, else a private
+    ``pgserver`` stopped at the end; ``None`` if not wanted or not available."""
+    if not wanted:
+        yield None
+        return
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    import pg  # tests/pg.py: the tests' own way to find or start a server
+    import pytest
+
+    servers = pg.server_dsn()
+    try:
+        server = next(servers)
+    except pytest.skip.Exception as exc:
+        say(f"PostgreSQL not measured: {exc}")
+        yield None
+        return
+    try:
+        yield server
+    finally:
+        servers.close()
+
+
+def scaling(dsn: str, workers: tuple[int, ...] = WORKER_COUNTS, messages: int = 200,
+            rounds: int = 3, k: int = 1) -> dict[str, Any]:
+    """Throughput against worker processes on both stores, in interleaved rounds.
+
+    ``dsn`` is a PostgreSQL server (each queue goes into a fresh schema, dropped
+    at the end); SQLite files go to a temporary folder. Each round drains
+    ``messages`` single messages (or K=``k`` batches) once per store and per
+    worker count; every slice is checked through the audit (exactly one
+    effect per done event, the money, a legal journal) and raises
+    ``CheckFailed`` otherwise. Returns ``{"rates": {"sqlite": {n: msgs/s},
+    "postgres": {n: msgs/s}}, "vs_one": {store: {n: rate / rate at the
+    fewest workers}}, "slices_checked": int, "exactly_once": True}``; rates
+    are medians over the rounds.
+    """
+    pool = [Worker() for _ in range(max(workers))]
+    cases: list[Case] = []
+    with tempfile.TemporaryDirectory(prefix="queue-scaling-",
+                                     dir=same_file_system_dir()) as tmp, \
+            Schemas(dsn, "queue_scaling") as schemas:
+        try:
+            for store, where in (("sqlite", None), ("postgres", schemas)):
+                cases += [EndToEnd(f"{store}_{n}", f"{store}, {n} workers", Path(tmp), messages,
+                                   op="drain", k=k, workers=pool[:n], schemas=where)
+                          for n in workers]
+            for round_no in range(rounds):
+                turn = round_no % len(cases)
+                for case in cases[turn:] + cases[:turn]:
+                    case.slices.append(case.slice())
+        finally:
+            for case in cases:
+                case.close()
+            for worker in pool:
+                worker.close()
+    rates = {store: {n: next(c for c in cases if c.name == f"{store}_{n}").rate()
+                     for n in workers} for store in ("sqlite", "postgres")}
+    return {"rates": rates,
+            "vs_one": {store: {n: rate / by_n[min(workers)] for n, rate in by_n.items()}
+                       for store, by_n in rates.items()},
+            "slices_checked": sum(len(case.slices) for case in cases), "exactly_once": True}
 
 
 def check_our_safety(result: dict[str, Any]) -> None:
@@ -205,12 +317,15 @@ def _rate(measured: Slice) -> float:
 
 def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None,
               safety: dict[str, dict[str, Any]] | None = None,
-              missing: list[str] | None = None) -> dict[str, Any]:
-    """Medians per case and the target ratios, all from this run."""
+              missing: list[str] | None = None,
+              extra_raws: list[Case] | None = None) -> dict[str, Any]:
+    """Medians per case and the target ratios, all from this run; each case
+    against its own store's raw commits (``extra_raws``: PostgreSQL's)."""
+    raws = [raw, *(extra_raws or [])]
     vs_raw = {case.name: case.vs_raw() for case in cases}
-    vs_raw["raw"] = 1.0
     e2e_vs_raw = {case.name: case.end_to_end_vs_raw() for case in cases}
-    e2e_vs_raw["raw"] = 1.0
+    for each in raws:
+        vs_raw[each.name] = e2e_vs_raw[each.name] = 1.0
     largest = max((case.size for case in cases if isinstance(case, QueueSize)), default=0)
     lookup = dict(vs_raw)
     if largest:
@@ -224,7 +339,7 @@ def summarise(raw: Case, cases: list[Case], memory: tuple[int, float] | None,
                                                                     minimum)
               for name, (top, bottom, minimum) in TARGETS.items()
               if top in lookup and bottom in lookup}
-    every = [raw, *cases]
+    every = [*raws, *cases]
     return {
         "rates": {case.name: case.rate() for case in every},
         "end_to_end": {case.name: case.end_to_end() for case in every},
@@ -258,6 +373,10 @@ def report(results: dict[str, Any]) -> list[str]:
     low, high = results["raw_range"]
     lines.append(f"the disk during this run: a raw commit took {1000 / rates['raw']:.2f} ms "
                  f"(median); its slices ran from {low:.0f} to {high:.0f} commits/s")
+    if "pg_raw" in rates:
+        lines.append(f"PostgreSQL rows: x raw = against PostgreSQL's own raw commits around them "
+                     f"(synchronous_commit=on; median {rates['pg_raw']:.0f} commits/s)")
+    lines += scaling_report(results)
     lines.append("ratios measured in this run, against their targets:")
     for name, (value, minimum) in results["ratios"].items():
         verdict = "ok" if value >= minimum else "BELOW TARGET"
@@ -286,6 +405,19 @@ def report(results: dict[str, Any]) -> list[str]:
                      "power loss (not a process crash) may lose the last commits, "
                      "acknowledged ones included")
     return lines + peer_report(results)
+
+
+def scaling_report(results: dict[str, Any]) -> list[str]:
+    """Rate against worker processes, per store, as multiples of one worker."""
+    vs_raw, lines = results["vs_raw"], []
+    rows = [("SQLite, single message", ["single", "two_workers", "four_workers"]),
+            *((f"PostgreSQL, {label}", [f"pg_{name}_{n}" for n in WORKER_COUNTS])
+              for label, name in (("single message", "single"), ("K=100", "batch_100")))]
+    for label, names in rows:
+        if all(name in vs_raw for name in names):
+            lines.append(f"worker processes 1, 2, 4, {label}: " + ", ".join(
+                f"{vs_raw[name] / vs_raw[names[0]]:.2f}x" for name in names) + " of one worker")
+    return lines
 
 
 def _ours(synchronous: str) -> str:

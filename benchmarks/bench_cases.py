@@ -24,7 +24,8 @@ if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to u
 
 from queue_core import Handler, Queue, drain, process_one  # noqa: E402
 from queue_core import audit  # noqa: E402
-from queue_core.storage import connect, transaction  # noqa: E402
+from queue_core.lab.pgcases import Schemas  # noqa: E402
+from queue_core.storage import connect, is_connection_string, transaction  # noqa: E402
 
 CATEGORIES = ("book", "pen", "bag")
 IDS_PER_FILE = 10_000  # E0000..E9999: the event id shape allows no more
@@ -125,9 +126,11 @@ class Keeper:
     as a long-running service's connections would.
     """
 
-    def __init__(self, db: Path) -> None:
+    def __init__(self, db: Path | str) -> None:
         self.db = db
-        self.conn = sqlite3.connect(db, isolation_level=None)
+        # A PostgreSQL server keeps no per-file state between connections: nothing to hold.
+        self.conn = (None if is_connection_string(db)
+                     else sqlite3.connect(db, isolation_level=None))
 
     def check_exactly_once(self, done: int, money: int, ready: int = 0) -> None:
         """Raise ``CheckFailed`` unless the shared audit finds nothing and the
@@ -139,11 +142,12 @@ class Keeper:
                  snap.status.effects, snap.money)
         wanted = (done, ready, 0, done, money)
         if problems or found != wanted:
-            raise CheckFailed(f"{self.db.name}: (done, ready, leased or dead, effects, money) = "
+            raise CheckFailed(f"{self.db}: (done, ready, leased or dead, effects, money) = "
                               f"{found}, expected {wanted}; audit: {problems or 'clean'}")
 
     def close(self) -> None:
-        self.conn.close()
+        if self.conn is not None:
+            self.conn.close()
 
 
 # -- cases --------------------------------------------------------------------
@@ -170,6 +174,7 @@ class Case:
 
     name: str
     label: str
+    baseline: str = field(default="raw", kw_only=True)  # the raw commits it is divided by
     slices: list[Slice] = field(default_factory=list)
     relative: list[float] = field(default_factory=list)
     relative_total: list[float] = field(default_factory=list)
@@ -209,6 +214,35 @@ class RawCommits(Case):
         for _ in range(self.n):
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("INSERT INTO raw (payload) VALUES (?)", (text,))
+            conn.execute("COMMIT")
+        elapsed = time.perf_counter() - start
+        return Slice(self.n, elapsed, elapsed)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PgRawCommits(Case):
+    """PostgreSQL's limit: one single-row INSERT per ``BEGIN ... COMMIT``, the
+    commit waiting for the server's WAL flush (``synchronous_commit = on``)."""
+
+    def __init__(self, dsn: str, n: int) -> None:
+        import psycopg
+
+        super().__init__("pg_raw", "PostgreSQL raw single-row commit (its limit)",
+                         baseline="pg_raw")
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn.execute("SET synchronous_commit = on")
+        self.conn.execute("CREATE TABLE raw (id bigint GENERATED ALWAYS AS IDENTITY "
+                          "PRIMARY KEY, payload text NOT NULL)")
+        self.n = n
+
+    def slice(self) -> Slice:
+        conn, text = self.conn, payload_of(0)
+        start = time.perf_counter()
+        for _ in range(self.n):
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO raw (payload) VALUES (%s)", (text,))
             conn.execute("COMMIT")
         elapsed = time.perf_counter() - start
         return Slice(self.n, elapsed, elapsed)
@@ -288,9 +322,12 @@ class EndToEnd(Case):
     """Enqueue a JSONL batch, then worker processes claim and complete it all."""
 
     def __init__(self, name: str, label: str, workdir: Path, n: int, *, op: str,
-                 workers: list[Worker], k: int = 1, sync: str = "FULL") -> None:
-        super().__init__(name, label)
+                 workers: list[Worker], k: int = 1, sync: str = "FULL",
+                 schemas: Schemas | None = None) -> None:
+        """``schemas``: each queue in a fresh PostgreSQL schema instead of a new file."""
+        super().__init__(name, label, baseline="raw" if schemas is None else "pg_raw")
         self.workdir, self.n, self.op, self.k, self.sync = workdir, n, op, k, sync
+        self.schemas = schemas
         self.workers = workers
         self.files = 0
         self.keeper: Keeper | None = None
@@ -298,7 +335,8 @@ class EndToEnd(Case):
 
     def _new_file(self) -> None:
         self.files += 1
-        self.db = self.workdir / f"{self.name}-{self.files}.sqlite3"
+        self.db: Path | str = (self.workdir / f"{self.name}-{self.files}.sqlite3"
+                               if self.schemas is None else self.schemas.fresh(self.name))
         self.queue = Queue(self.db, synchronous=self.sync)
         self.close()
         self.keeper = Keeper(self.db)

@@ -19,6 +19,11 @@ sweep does not catch, a power-loss image that breaks an invariant or, at the
 protocol's durability, loses an acknowledged commit (or, at NORMAL, one that
 loses no ACK at all: the sweep could not see a loss), an unhandled fuzz input, a model disagreement, or a
 stress duplicate, loss or money difference.
+
+Last, the same crash sweep (every protocol) and the stress run (4 processes
+x 1000 events) on PostgreSQL: on ``QUEUE_CORE_PG_DSN`` if set, else on a
+private server started with ``pgserver`` and stopped at the end (skipped,
+and said so, when neither is available). Each case gets a fresh schema.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +44,7 @@ for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
         sys.path.insert(0, str(path))
 
 from queue_core.lab.contrasts import PROTOCOLS  # noqa: E402
+from queue_core.lab.pgcases import Schemas  # noqa: E402
 from queue_core.lab.powerloss import run_powerloss  # noqa: E402
 from queue_core.lab.stress import run_stress  # noqa: E402
 from queue_core.lab.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
@@ -45,8 +52,8 @@ from queue_core.lab.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_fr
 CRASH_STEPS = tuple(step for step in STEPS if step not in SCHEDULES)
 
 
-def sweep_section(problems: list[str], later_arrivals: int) -> None:
-    rows = run_sweep(jobs=2)
+def sweep_section(problems: list[str], later_arrivals: int, db: str | None = None) -> None:
+    rows = run_sweep(jobs=2, db=db)
     table = sweep_frame(rows)
     print(table.to_string())
     print()
@@ -132,16 +139,38 @@ def model_section(programs: int, problems: list[str]) -> None:
     print(f"stateful programs: {programs} of up to {steps} steps each agreed with the model")
 
 
-def stress_section(runs: list[tuple[int, int, int]], problems: list[str]) -> None:
+def stress_section(runs: list[tuple[int, int, int]], problems: list[str],
+                   server: str | None = None) -> None:
     for workers, events, seed in runs:
-        with tempfile.TemporaryDirectory(prefix="stress-") as folder:
-            r = run_stress(folder, events=events, workers=workers, seed=seed)
+        with tempfile.TemporaryDirectory(prefix="stress-") as folder, \
+                (Schemas(server, "queue_stress") if server else nullcontext()) as schemas:
+            db = schemas.fresh("stress") if schemas else None
+            r = run_stress(folder, events=events, workers=workers, seed=seed, db=db)
         print(f"stress: {r.workers} processes x {r.events} events, seed {seed}: "
               f"{r.rounds} rounds, {r.processes} processes started, {r.crashes} crashed; "
               f"done {r.done}, dead {r.dead}, effects {r.effects}; "
               f"duplicates {r.duplicates}, losses {r.losses}; "
               f"money {r.total} (expected {r.expected_total}); integrity {r.integrity}")
         problems.extend(f"stress seed {seed}: {p}" for p in r.problems)
+
+
+def postgres_section(problems: list[str], stress: list[tuple[int, int, int]]) -> None:
+    """The crash sweep and the stress run again, on a PostgreSQL server."""
+    import pg  # tests/pg.py: QUEUE_CORE_PG_DSN, or a private pgserver
+    import pytest
+
+    servers = pg.server_dsn()
+    try:
+        server = next(servers)
+    except pytest.skip.Exception as exc:  # no server here: say so, fail nothing
+        print(f"PostgreSQL: not run ({exc})")
+        return
+    try:
+        print(f"on {server.split('@')[-1]}")
+        sweep_section(problems, later_arrivals=1, db=server)
+        stress_section(stress, problems, server)
+    finally:
+        servers.close()  # stops a private server
 
 
 def timed(title: str, section: Callable[[], None]) -> None:
@@ -168,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     timed("fuzzed input", lambda: fuzz_section(fuzz, problems))
     timed("stateful model", lambda: model_section(programs, problems))
     timed("stress", lambda: stress_section(stress, problems))
+    timed("PostgreSQL: crash sweep and stress",
+          lambda: postgres_section(problems, [(4, 300, 0)] if args.quick else [(4, 1000, 0)]))
     if problems:
         print("FAILED:\n  " + "\n  ".join(problems))
         return 1

@@ -5,7 +5,8 @@ Exit status: 0 on success (``work`` included, whatever the outcomes);
 bad arguments), with ``line N: CODE: explanation`` or ``CODE: explanation``
 on stderr; 1 for an operational error (a file that is not the queue's, a
 missing queue for a reading command, an unusable database, output that
-cannot be written), with ``error: CODE: explanation``; 130 or 143 when
+cannot be written, a PostgreSQL server that went away mid-command:
+``connection_lost``), with ``error: CODE: explanation`` on one line; 130 or 143 when
 ``work`` was stopped by Ctrl-C or SIGTERM after finishing its current
 message; 141 when the reader of the output went away (``work | head -1``).
 """
@@ -114,6 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - only a database's own errors are answered here
         if not _is_database_error(exc):
             raise
+        if _is_connection_lost(exc):
+            print(f"error: connection_lost: {open_store(args.db).describe()}: {_one_line(exc)}; "
+                  "every message reported done is committed, the one in flight was rolled back "
+                  "by the server: run the command again", file=sys.stderr)
+            return EXIT_OPERATIONAL
         where = open_store(args.db).describe() if is_connection_string(args.db) else args.db
         print(f"error: database_error: {where}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_OPERATIONAL
@@ -157,6 +163,17 @@ def _is_database_error(exc: Exception) -> bool:
         return True
     psycopg = sys.modules.get("psycopg")  # loaded only if a connection string was given
     return psycopg is not None and isinstance(exc, psycopg.Error)
+
+
+def _is_connection_lost(exc: Exception) -> bool:
+    """A PostgreSQL connection that broke under the command (a restart, a
+    terminated backend, a network drop), as opposed to a refused statement."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc, psycopg.OperationalError):
+        return False
+    # no SQLSTATE: the client lost the socket; 08: connection exception;
+    # 57P: the server is shutting down or ended this session
+    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
 
 
 def _one_line(exc: Exception) -> str:

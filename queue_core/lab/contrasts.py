@@ -19,6 +19,10 @@ public hooks the engine offers for it (``complete``, ``fail``, ``fence``,
                          expired can finish (or fail) a message that has
                          since been handed to another worker.
 
+All of them run on both stores, a SQLite file or a PostgreSQL schema
+(``create_ledger`` speaks each one's SQL), so the crash sweep can show the
+same failures on either.
+
 The two split-transaction protocols write their effects to ``naive_ledger``,
 a table with no unique key on ``event_id``, as an ordinary counter or ledger
 has (the audit reads it too: ``queue_core.audit.CONTRAST_LEDGER``). The real ``effects`` table's primary key is a second line of defence,
@@ -33,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -51,6 +54,15 @@ CREATE TABLE IF NOT EXISTS {CONTRAST_LEDGER} (
     category     TEXT NOT NULL,
     amount_cents INTEGER NOT NULL
 ) STRICT
+"""
+# The same table in PostgreSQL's words: ``seq`` numbers the rows as SQLite's rowid does.
+PG_LEDGER_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {CONTRAST_LEDGER} (
+    seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id     text NOT NULL,
+    category     text NOT NULL,
+    amount_cents bigint NOT NULL
+)
 """
 
 CLAIM_POINTS = tuple(p for p in PROTOCOL_POINTS if p.startswith("claim."))
@@ -73,9 +85,10 @@ class Protocol:
 
 
 def create_ledger(queue: Queue) -> None:
-    """Create ``naive_ledger`` (no unique key) beside the queue's tables."""
+    """Create ``naive_ledger`` (no unique key) beside the queue's tables, in
+    the queue's store (a SQLite file or a PostgreSQL schema)."""
     with queue.transaction() as conn:
-        conn.execute(LEDGER_SCHEMA)
+        conn.execute(PG_LEDGER_SCHEMA if queue.store.name == "postgres" else LEDGER_SCHEMA)
 
 
 class _Contrast(Queue):
@@ -156,18 +169,18 @@ class WriteThenMark(_SplitAck):
             crash_point("complete.before_commit")
 
 
-def _effect(conn: sqlite3.Connection, queue: Queue, lease: Lease, handler: Handler) -> Effect:
+def _effect(conn: Any, queue: Queue, lease: Lease, handler: Handler) -> Effect:
     payload = queue.fence(conn, lease)
     handler.fault(conn, lease.event_id)
     return handler.effect_of(json.loads(payload))
 
 
-def _write_ledger(conn: sqlite3.Connection, event_id: str, effect: Effect) -> None:
+def _write_ledger(conn: Any, event_id: str, effect: Effect) -> None:
     conn.execute(f"INSERT INTO {CONTRAST_LEDGER} (event_id, category, amount_cents) VALUES (?, ?, ?)",
                  (event_id, effect.category, effect.amount_cents))
 
 
-def _mark_done(conn: sqlite3.Connection, queue: Queue, lease: Lease) -> None:
+def _mark_done(conn: Any, queue: Queue, lease: Lease) -> None:
     conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
                  "WHERE event_id = ? AND state = 'leased' AND generation = ?",
                  (lease.event_id, lease.generation))
@@ -177,7 +190,7 @@ def _mark_done(conn: sqlite3.Connection, queue: Queue, lease: Lease) -> None:
 
 # -- the real transaction without the generation check ------------------------
 
-def _unfenced(conn: sqlite3.Connection, queue: Queue, lease: Lease) -> str:
+def _unfenced(conn: Any, queue: Queue, lease: Lease) -> str:
     """BROKEN fence: state and stored deadline only; the generation is ignored."""
     state, lease_until, payload = conn.execute(
         "SELECT state, lease_until, payload FROM messages WHERE event_id = ?",
@@ -199,7 +212,7 @@ class NoGenerationCheck(_Contrast):
             payload = _unfenced(conn, self, lease)
             try:
                 effect = handler.apply(conn, lease.event_id, json.loads(payload))
-            except sqlite3.IntegrityError as exc:
+            except self.store.integrity_errors as exc:
                 raise IntegrityViolation(f"{lease.event_id}: {exc}") from exc
             crash_point("complete.after_insert")
             _unfenced(conn, self, lease)

@@ -4,11 +4,16 @@
 round starts ``workers`` child processes at the same model second, most of
 them armed to die by ``os._exit`` at a random crash point (at their 1st to
 25th arrival there), released together through a starting gate, all draining
-the queue at once under ``BEGIN IMMEDIATE``. Crashed workers are replaced in the
+the queue at once (under SQLite's ``BEGIN IMMEDIATE``, one writer at a
+time; on PostgreSQL, many transactions at once). Crashed workers are replaced in the
 next round; the clock moves to the next due time so that abandoned leases
 expire. At the end the shared audit (``queue_core.audit``) must find
 nothing, every event must be ``done`` or ``dead``, no event may be reported
 done by two workers, and the money must equal the sum of the done payloads.
+
+``run_stress(workdir, db="postgresql://...")`` runs the same scenario on a
+PostgreSQL schema (the connection string's current schema, which must be
+empty or hold nothing but a queue); ``workdir`` still holds the gates.
 """
 
 from __future__ import annotations
@@ -73,11 +78,18 @@ def stress_batch(events: int, seed: int) -> tuple[str, dict[str, int]]:
 
 
 def run_stress(workdir: str | os.PathLike[str], *, events: int = 1000, workers: int = 4,
-               crash_rate: float = 0.9, fault_rate: float = 0.2, seed: int = 0) -> StressReport:
-    """Run the stress scenario in ``workdir``; see the module docstring."""
+               crash_rate: float = 0.9, fault_rate: float = 0.2, seed: int = 0,
+               db: str | None = None) -> StressReport:
+    """Run the stress scenario in ``workdir``; see the module docstring.
+
+    ``db`` is where the queue lives: by default ``stress.sqlite3`` in
+    ``workdir``; a ``postgresql://`` connection string puts it in that
+    connection's current schema. Raises ``ValueError`` for no worker or an
+    event count outside 1..9999, before anything is written.
+    """
     if workers < 1 or not 1 <= events <= 9999:
         raise ValueError("need at least one worker and 1..9999 events")
-    db = os.path.join(os.fspath(workdir), "stress.sqlite3")
+    db = db or os.path.join(os.fspath(workdir), "stress.sqlite3")
     clock = ModelClock(START)
     queue = Queue(db, clock=clock, lease_seconds=LEASE_SECONDS)
     text, amounts = stress_batch(events, seed)

@@ -21,6 +21,13 @@ its effect is missing); ``doubled money`` (an effect written twice);
 ``stuck`` (still ready or leased after the run); ``stale ACK accepted`` (the
 money is right, but a worker whose lease had expired finished the message);
 ``not reached`` (the armed worker never arrived at the point: a sweep bug).
+
+On PostgreSQL (``run_sweep(db="postgresql://...")``) every case runs in a
+schema of its own on that server, created for it and dropped at the end;
+all four protocols run there (the contrasts create their ledger in
+PostgreSQL's SQL). A killed worker's open transaction is rolled back by the
+server when its connection drops, as SQLite rolls back a transaction whose
+process died.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from ..values import Lease
 from ..worker import drain, finish
 from .child import collect, reap, run_child
 from .contrasts import PROTOCOLS, Protocol, create_ledger
+from .pgcases import Schemas
 from .faults import FlakyHandler
 from .scenario import LEASE_SECONDS, START
 
@@ -89,7 +97,7 @@ def current_handler() -> Handler:
 
 def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] = STEPS, *,
               workdir: str | os.PathLike[str] | None = None, jobs: int = 2,
-              crash_after: int = 1) -> list[SweepRow]:
+              crash_after: int = 1, db: str | None = None) -> list[SweepRow]:
     """Run every step against every protocol; one ``SweepRow`` each, in order.
 
     A step a protocol never passes through is ``n/a`` without running.
@@ -97,44 +105,68 @@ def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] 
     case has its own database file). ``crash_after`` picks which arrival at
     the point kills the worker: 1 is the first message; above 1 the crash
     lands on later messages (a retry, a permanent failure), and a point
-    reached fewer times is ``n/a``.
+    reached fewer times is ``n/a``. ``db``, a ``postgresql://`` connection
+    string, runs every case on that server in a fresh schema (created here,
+    dropped at the end) instead of a fresh file in ``workdir``.
     """
-    with tempfile.TemporaryDirectory(prefix="sweep-", dir=workdir) as tmp:
+    with tempfile.TemporaryDirectory(prefix="sweep-", dir=workdir) as tmp, \
+            _Places(Path(tmp), db) as places:
         cases = [(PROTOCOLS[name], step) for name in protocols for step in steps]
         results: dict[tuple[str, str], SweepRow] = {}
         crashes = [(p, s) for p, s in cases if s in p.points]
-        for row in _crash_cases(crashes, Path(tmp), max(1, jobs), crash_after):
+        for row in _crash_cases(crashes, places, max(1, jobs), crash_after):
             results[row.protocol, row.step] = row
         for proto, step in cases:
             if step in SCHEDULES:
-                results[proto.name, step] = _stale_case(proto, step, _fresh(Path(tmp), proto, step))
+                results[proto.name, step] = _stale_case(proto, step, _fresh(places, proto, step))
             elif step not in proto.points:
                 results[proto.name, step] = SweepRow(proto.name, step, "n/a", 0, "never passes here")
         return [results[p.name, s] for p, s in cases]
 
 
-def _queue(proto: Protocol, db: Path, clock: ModelClock) -> Queue:
+class _Places:
+    """Where each case's queue lives: a new file in ``tmp``, or a new schema on ``server``."""
+
+    def __init__(self, tmp: Path, server: str | None) -> None:
+        self.tmp = tmp
+        self.schemas = None if server is None else Schemas(server, "queue_sweep")
+
+    def new(self, label: str) -> str:
+        if self.schemas is None:
+            return str(self.tmp / f"{label}.sqlite3")
+        return self.schemas.fresh(label)
+
+    def __enter__(self) -> "_Places":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.schemas is not None:
+            self.schemas.close()
+
+
+def _queue(proto: Protocol, db: str, clock: ModelClock) -> Queue:
     # The sweep is about process death, not power loss: the armed worker keeps
     # synchronous=FULL, while the set-up and the recovery in this process skip
-    # the fsync per commit (WAL with NORMAL survives any process crash).
+    # the fsync per commit (WAL with NORMAL survives any process crash; on
+    # PostgreSQL, synchronous_commit=off survives any crash but the server's).
     return proto.open(db, clock=clock, lease_seconds=LEASE_SECONDS, synchronous="NORMAL")
 
 
-def _fresh(tmp: Path, proto: Protocol, step: str) -> Path:
-    db = tmp / f"{proto.name.replace(' ', '_')}-{step}.sqlite3"
+def _fresh(places: _Places, proto: Protocol, step: str) -> str:
+    db = places.new(f"{proto.name.replace(' ', '_')}-{step}")
     queue = _queue(proto, db, ModelClock(START))
     queue.enqueue_jsonl(BATCH)
     create_ledger(queue)  # every file has one, so every file is read alike
     return db
 
 
-def _crash_cases(cases: Sequence[tuple[Protocol, str]], tmp: Path, jobs: int,
+def _crash_cases(cases: Sequence[tuple[Protocol, str]], places: _Places, jobs: int,
                  crash_after: int) -> Iterator[SweepRow]:
     """Keep ``jobs`` armed workers running; audit each as soon as it has died."""
-    running: deque[tuple[Protocol, str, Path, subprocess.Popen[str]]] = deque()
+    running: deque[tuple[Protocol, str, str, subprocess.Popen[str]]] = deque()
     try:
         for proto, step in cases:
-            db = _fresh(tmp, proto, step)
+            db = _fresh(places, proto, step)
             running.append((proto, step, db, run_child(
                 db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode="drain",
                 accept=ACCEPT, protocol=proto.name, faults=FAULTS, crash_after=crash_after,
@@ -147,7 +179,7 @@ def _crash_cases(cases: Sequence[tuple[Protocol, str]], tmp: Path, jobs: int,
         reap(proc for *_, proc in running)
 
 
-def _recover(proto: Protocol, step: str, db: Path, proc: subprocess.Popen[str],
+def _recover(proto: Protocol, step: str, db: str, proc: subprocess.Popen[str],
              crash_after: int) -> SweepRow:
     if not collect(proc).crashed:
         if crash_after > 1:
@@ -172,7 +204,7 @@ def run_to_completion(queue: Queue, clock: ModelClock, handler: Handler) -> bool
     return False
 
 
-def _stale_case(proto: Protocol, step: str, db: Path) -> SweepRow:
+def _stale_case(proto: Protocol, step: str, db: str) -> SweepRow:
     """A slow worker pauses past its lease on E0001; another worker takes it
     over (generation 2); the slow one wakes and finishes first; then the
     current holder finishes; then the queue runs to completion."""
@@ -203,13 +235,13 @@ def _claim_event(queue: Queue, event_id: str, handler: Handler) -> Lease:
     raise RuntimeError(f"{event_id} was never due")
 
 
-def _row(proto: Protocol, step: str, db: Path, finished: bool) -> SweepRow:
+def _row(proto: Protocol, step: str, db: str, finished: bool) -> SweepRow:
     outcome, total, detail = audit(db, finished)
     return SweepRow(proto.name, step, outcome, total, detail)
 
 
 def audit(db: str | os.PathLike[str], finished: bool = True) -> tuple[str, int, str]:
-    """Classify the final file: ``(outcome, money, explanation)``."""
+    """Classify the final file or schema: ``(outcome, money, explanation)``."""
     snap = ledger_audit.snapshot(db)
     return classify(snap, ledger_audit.check(snap), finished)
 
