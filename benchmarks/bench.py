@@ -38,20 +38,20 @@ and 4 on PostgreSQL. PostgreSQL runs on ``QUEUE_CORE_PG_DSN`` or on a
 private ``pgserver`` started and stopped here, each queue in a fresh
 schema; its cases are divided by PostgreSQL's own raw commit rate (a
 single-row INSERT per ``BEGIN ... COMMIT``, ``synchronous_commit = on``),
-measured after each of them in the same interleaved rounds. ``scaling``
-is the small version of that comparison, for a notebook.
+measured after each of them in the same interleaved rounds (notebook 10
+draws a small version of that comparison with ``queue_core.lab.scaling``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from contextlib import contextmanager
 import resource
 import sqlite3
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -65,6 +65,8 @@ from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noq
                          PgRawCommits, QueueSize, RawCommits, Schemas, Slice, Worker)
 from peer_safety import describe, probe_all  # noqa: E402
 from peers import PeerCase, PeerWorker, build_peer_cases, missing_peers  # noqa: E402
+
+from queue_core.lab.postgres_server import NoPostgres, private_postgres  # noqa: E402
 
 TARGETS = {  # name: (numerator, denominator, minimum ratio); "size_max" is the largest queue
     "single vs raw commit": ("single", "raw", 0.45),
@@ -243,63 +245,13 @@ def _postgres(wanted: bool, say: Callable[[str], None]) -> Iterator[str | None]:
     if not wanted:
         yield None
         return
-    if str(ROOT / "tests") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tests"))
-    import pg  # tests/pg.py: the tests' own way to find or start a server
-    import pytest
-
-    servers = pg.server_dsn()
-    try:
-        server = next(servers)
-    except pytest.skip.Exception as exc:
-        say(f"PostgreSQL not measured: {exc}")
-        yield None
-        return
-    try:
-        yield server
-    finally:
-        servers.close()
-
-
-def scaling(dsn: str, workers: tuple[int, ...] = WORKER_COUNTS, messages: int = 200,
-            rounds: int = 3, k: int = 1) -> dict[str, Any]:
-    """Throughput against worker processes on both stores, in interleaved rounds.
-
-    ``dsn`` is a PostgreSQL server (each queue goes into a fresh schema, dropped
-    at the end); SQLite files go to a temporary folder. Each round drains
-    ``messages`` single messages (or K=``k`` batches) once per store and per
-    worker count; every slice is checked through the audit (exactly one
-    effect per done event, the money, a legal journal) and raises
-    ``CheckFailed`` otherwise. Returns ``{"rates": {"sqlite": {n: msgs/s},
-    "postgres": {n: msgs/s}}, "vs_one": {store: {n: rate / rate at the
-    fewest workers}}, "slices_checked": int, "exactly_once": True}``; rates
-    are medians over the rounds.
-    """
-    pool = [Worker() for _ in range(max(workers))]
-    cases: list[Case] = []
-    with tempfile.TemporaryDirectory(prefix="queue-scaling-",
-                                     dir=same_file_system_dir()) as tmp, \
-            Schemas(dsn, "queue_scaling") as schemas:
+    with ExitStack() as stack:  # leaving it stops a private server
         try:
-            for store, where in (("sqlite", None), ("postgres", schemas)):
-                cases += [EndToEnd(f"{store}_{n}", f"{store}, {n} workers", Path(tmp), messages,
-                                   op="drain", k=k, workers=pool[:n], schemas=where)
-                          for n in workers]
-            for round_no in range(rounds):
-                turn = round_no % len(cases)
-                for case in cases[turn:] + cases[:turn]:
-                    case.slices.append(case.slice())
-        finally:
-            for case in cases:
-                case.close()
-            for worker in pool:
-                worker.close()
-    rates = {store: {n: next(c for c in cases if c.name == f"{store}_{n}").rate()
-                     for n in workers} for store in ("sqlite", "postgres")}
-    return {"rates": rates,
-            "vs_one": {store: {n: rate / by_n[min(workers)] for n, rate in by_n.items()}
-                       for store, by_n in rates.items()},
-            "slices_checked": sum(len(case.slices) for case in cases), "exactly_once": True}
+            dsn = stack.enter_context(private_postgres())
+        except NoPostgres as exc:
+            say(f"PostgreSQL not measured: {exc}")
+            dsn = None
+        yield dsn
 
 
 def check_our_safety(result: dict[str, Any]) -> None:

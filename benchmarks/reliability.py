@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +45,7 @@ for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
 
 from queue_core.lab.contrasts import PROTOCOLS  # noqa: E402
 from queue_core.lab.pgcases import Schemas  # noqa: E402
+from queue_core.lab.postgres_server import NoPostgres, private_postgres  # noqa: E402
 from queue_core.lab.powerloss import run_powerloss  # noqa: E402
 from queue_core.lab.stress import run_stress  # noqa: E402
 from queue_core.lab.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
@@ -156,21 +157,15 @@ def stress_section(runs: list[tuple[int, int, int]], problems: list[str],
 
 def postgres_section(problems: list[str], stress: list[tuple[int, int, int]]) -> None:
     """The crash sweep and the stress run again, on a PostgreSQL server."""
-    import pg  # tests/pg.py: QUEUE_CORE_PG_DSN, or a private pgserver
-    import pytest
-
-    servers = pg.server_dsn()
-    try:
-        server = next(servers)
-    except pytest.skip.Exception as exc:  # no server here: say so, fail nothing
-        print(f"PostgreSQL: not run ({exc})")
-        return
-    try:
-        print(f"on {server.split('@')[-1]}")
-        sweep_section(problems, later_arrivals=1, db=server)
-        stress_section(stress, problems, server)
-    finally:
-        servers.close()  # stops a private server
+    with ExitStack() as stack:  # leaving it stops a private server
+        try:
+            dsn = stack.enter_context(private_postgres())
+        except NoPostgres as exc:  # no server here: say so, fail nothing
+            print(f"PostgreSQL: not run ({exc})")
+            return
+        print(f"on {dsn.split('@')[-1]}")
+        sweep_section(problems, later_arrivals=1, db=dsn)
+        stress_section(stress, problems, dsn)
 
 
 def timed(title: str, section: Callable[[], None]) -> None:

@@ -18,23 +18,24 @@ import subprocess
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import pytest
 
 from queue_core.lab.postgres_server import (NoPostgres, drop_schema, fresh_schema as new_schema,
-                                            private_postgres)
+                                            own_server, private_postgres)
 
 REQUIRED_VARIABLE = "QUEUE_CORE_PG_REQUIRED"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def server_dsn() -> Iterator[str]:
-    """``QUEUE_CORE_PG_DSN`` if set, else a private server for the session;
-    no server is a skip, or a failure where ``QUEUE_CORE_PG_REQUIRED=1``."""
+def server_dsn(start: Callable[[], ContextManager[str]] = private_postgres) -> Iterator[str]:
+    """``QUEUE_CORE_PG_DSN`` if set, else a private server for the session (or
+    whatever ``start`` gives); no server is a skip, or a failure where
+    ``QUEUE_CORE_PG_REQUIRED=1``."""
     with ExitStack() as stack:
         try:
-            dsn = stack.enter_context(private_postgres())
+            dsn = stack.enter_context(start())
         except NoPostgres as exc:
             if os.environ.get(REQUIRED_VARIABLE) == "1":
                 pytest.fail(f"{exc} ({REQUIRED_VARIABLE}=1: this machine must run them)",

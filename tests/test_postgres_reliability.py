@@ -88,7 +88,7 @@ def test_many_crashing_workers_on_postgresql_finish_every_event_once_and_the_mon
 @pytest.fixture(scope="module")
 def own_server() -> Iterator[str]:
     """A private server this module may restart (never the session's shared one)."""
-    yield from pg.private_server()
+    yield from pg.server_dsn(pg.own_server)
 
 
 @pytest.fixture

@@ -52,6 +52,14 @@ def private_postgres() -> Iterator[str]:
     if given:
         yield given
         return
+    with own_server() as dsn:
+        yield dsn
+
+
+@contextmanager
+def own_server() -> Iterator[str]:
+    """Start a private server with ``pgserver`` whatever ``QUEUE_CORE_PG_DSN`` says
+    (for what only one's own server allows, such as restarting it); stop it after."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pgserver warns when XDG_RUNTIME_DIR is unset
         try:
