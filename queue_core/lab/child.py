@@ -22,7 +22,8 @@ from ..clock import ModelClock, SystemClock
 from ..crashpoints import CRASH_EXIT_CODE, arm
 from ..handler import Handler
 from ..values import Effect, Outcome
-from ..worker import drain, process_one
+from ..queue import Queue
+from ..worker import drain, finish, process_one
 from .contrasts import protocol
 from .faults import FlakyHandler
 
@@ -48,7 +49,8 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
               wait: bool = True, protocol: str = "protocol",
               faults: Mapping[str, Any] | None = None,
               crash_after: int = 1,
-              gate: str | os.PathLike[str] | None = None) -> ChildResult | subprocess.Popen[str]:
+              gate: str | os.PathLike[str] | None = None,
+              work_ms: int = 0) -> ChildResult | subprocess.Popen[str]:
     """Start a worker process on ``db_path``; ``mode`` is ``one`` or ``drain``.
 
     ``now`` fixes the child's model clock (the system clock if ``None``).
@@ -60,13 +62,17 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
     which arrival at ``crash_at`` kills the worker (the first by default).
     With a ``gate`` folder the child starts, opens the database, then waits
     there until ``open_gate`` lets all the waiting children go at once.
+    ``work_ms`` is real time a ``drain`` worker spends on each message between
+    its claim and its ACK, outside any transaction, as a handler that reads,
+    computes or calls out would (one message at a time).
     """
     if mode not in ("one", "drain"):
         raise ValueError(f"mode must be 'one' or 'drain', got {mode!r}")
     spec = {"db": os.fspath(db_path), "now": now, "lease_seconds": lease_seconds,
             "crash_at": crash_at, "mode": mode, "accept": list(accept),
             "batch_size": batch_size, "protocol": protocol, "faults": dict(faults or {}),
-            "crash_after": crash_after, "gate": None if gate is None else os.fspath(gate)}
+            "crash_after": crash_after, "gate": None if gate is None else os.fspath(gate),
+            "work_ms": work_ms}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [_PACKAGE_PARENT, *filter(None, [os.environ.get("PYTHONPATH")])]))
     proc = subprocess.Popen([sys.executable, "-m", "queue_core.lab.child", json.dumps(spec)],
@@ -149,9 +155,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome = process_one(queue, handler)
         if outcome is not None:
             _report(outcome)
+    elif spec.get("work_ms"):
+        _drain_working(queue, handler, spec["work_ms"] / 1000)
     else:
         drain(queue, handler, batch_size=spec["batch_size"], on_outcome=_report)
     return 0
+
+
+def _drain_working(queue: Queue, handler: Handler, seconds: float) -> None:
+    """``drain``, with ``seconds`` of work per message between its claim and its
+    ACK: the write lock is free meanwhile, so other workers claim and commit."""
+    with queue.session():
+        while (lease := queue.claim()) is not None:
+            time.sleep(seconds)
+            _report(finish(queue, lease, handler))
 
 
 if __name__ == "__main__":
