@@ -17,9 +17,10 @@ from matplotlib.colors import to_hex
 
 from conftest import ROOT
 from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue
-from queue_core.lab.plots import (STATE_COLORS, Mark, consumer_turns, consumers_frame, mark,
-                                  metrics_frame, plot_consumers, plot_metrics, plot_sequence,
+from queue_core.lab.plots import (STATE_COLORS, Mark, mark, metrics_frame, plot_metrics,
                                   plot_state_machine, plot_timeline, transitions_frame)
+from queue_core.lab.plots_workers import (consumer_turns, consumers_frame, plot_consumers,
+                                          plot_sequence)
 
 TWO_ORDERS = "\n".join([
     '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}',

@@ -6,10 +6,11 @@ worker processes that crash on purpose (``child``), deliberately broken
 protocols kept as contrasts (``contrasts``), a handler with injected faults
 (``faults``), the reference scenario (``scenario``, ``demo``), the crash
 sweep (``sweep``), the power-loss sweep (``powerloss``, ``wal``), the
-schedule explorer (``explore``), the stress run (``stress``), throughput
-against worker processes (``scaling``), a PostgreSQL server of its own and
-a fresh schema per run (``postgres_server``), the exercises and their
-checks (``exercises``, ``exercise_setup``) and the pictures (``plots``).
+schedule explorer (``explore``, ``schedule``), the stress run (``stress``),
+throughput against worker processes (``scaling``), a PostgreSQL server of
+its own and a fresh schema per run (``postgres_server``, ``pgcases``), the
+exercises and their checks (``exercises``, ``exercise_setup``) and the
+pictures (``plots``, ``plots_workers``).
 
 Importing the lab imports neither pandas, matplotlib nor psycopg; a plot
 imports the first two when it is drawn, ``DatabaseClock`` the third when it
@@ -26,15 +27,16 @@ from .postgres_server import fresh_schema, private_postgres
 from .scaling import ScalingRow, measure_scaling, plot_scaling, scaling_frame
 from .powerloss import PowerLossReport, plot_powerloss, powerloss_frame, run_powerloss
 from .explore import Exploration, explore, plot_state_space, replay
-from .plots import (STATE_COLORS, Mark, consumer_turns, consumers_frame, mark, metrics_frame,
-                    plot_consumers, plot_metrics, plot_sequence, plot_state_machine,
+from .schedule import FINISH, SMALL, Scenario, Step
+from .plots import (STATE_COLORS, Mark, mark, metrics_frame, plot_metrics, plot_state_machine,
                     plot_timeline, transitions_frame)
+from .plots_workers import consumer_turns, consumers_frame, plot_consumers, plot_sequence
 from .scenario import DEMO_JSONL, LEASE_SECONDS, START
 from .stress import StressReport, run_stress
 from .sweep import SCHEDULES, STEPS, SweepRow, plot_sweep, run_sweep, sweep_frame
 
 __all__ = [
-    "ChildResult", "DEMO_JSONL", "DemoReport", "Exploration", "consumer_turns", "explore",
+    "ChildResult", "DEMO_JSONL", "DemoReport", "Exploration", "FINISH", "SMALL", "Scenario", "Step", "consumer_turns", "explore",
     "plot_sequence", "plot_state_space", "replay", "FlakyHandler", "LEASE_SECONDS", "Mark",
     "PROTOCOLS", "PowerLossReport", "Protocol", "REAL", "SCHEDULES", "START", "STATE_COLORS", "STEPS", "StressReport",
     "SweepRow", "collect", "consumers_frame", "mark", "metrics_frame", "open_gate",
