@@ -86,10 +86,11 @@ def _work(queue: Queue, handler: Handler, cmd: dict[str, Any]) -> dict[str, int]
 
 
 class Worker:
-    """A worker process of this file, driven through its stdin and stdout."""
+    """A worker process of ``script`` (this file by default), run with ``--worker``
+    and driven through its stdin and stdout, one JSON object a line each way."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], text=True,
+    def __init__(self, script: str | Path = __file__) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(script), "--worker"], text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def send(self, **cmd: Any) -> None:
@@ -103,6 +104,11 @@ class Worker:
         if not line:
             raise RuntimeError(f"worker process ended with {self.proc.wait()}")
         return dict(json.loads(line))
+
+    def call(self, **cmd: Any) -> dict[str, Any]:
+        """``send``, then wait for the ``reply``."""
+        self.send(**cmd)
+        return self.reply()
 
     def close(self) -> None:
         if self.proc.stdin is not None:

@@ -44,7 +44,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the cases live next to this file
     sys.path.insert(0, str(HERE))
 
-from bench_cases import ROOT, Case, CheckFailed, Slice, payload_of  # noqa: E402
+from bench_cases import ROOT, Case, CheckFailed, Slice, Worker, payload_of  # noqa: E402
 
 SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
@@ -287,26 +286,11 @@ def worker_main() -> None:
         queue.close()
 
 
-class PeerWorker:
-    """The peers' worker process, driven through its stdin and stdout."""
+class PeerWorker(Worker):
+    """The peers' worker process: this file, run with ``--worker``."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-    def call(self, **cmd: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"peer worker process ended with {self.proc.wait()}")
-        return dict(json.loads(line))
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        super().__init__(__file__)
 
 
 # -- the case -------------------------------------------------------------------
