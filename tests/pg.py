@@ -12,13 +12,9 @@ afterwards.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from contextlib import ExitStack
-from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Callable, ContextManager, Iterator
 
 import pytest
 
@@ -26,7 +22,6 @@ from queue_core.lab.postgres_server import (NoPostgres, drop_schema, fresh_schem
                                             own_server, private_postgres)
 
 REQUIRED_VARIABLE = "QUEUE_CORE_PG_REQUIRED"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def server_dsn(start: Callable[[], ContextManager[str]] = private_postgres) -> Iterator[str]:
@@ -51,20 +46,3 @@ def fresh_schema(dsn: str) -> Iterator[str]:
         yield schema_dsn
     finally:
         drop_schema(schema_dsn)
-
-
-def run_worker(db: str, *, now: int | None = 1000, lease_seconds: int = 2,
-               crash_at: str | None = None, mode: str = "one", wait: bool = True,
-               gate: str | None = None) -> Any:
-    """``queue_core.lab.child``'s worker in a new OS process, with this checkout
-    first on its path (so that psycopg's ``import queue`` finds the standard
-    library's module, whatever the course's runner puts on the path)."""
-    from queue_core.lab.child import collect
-
-    spec = {"db": db, "now": now, "lease_seconds": lease_seconds, "crash_at": crash_at,
-            "mode": mode, "accept": [], "batch_size": 1, "protocol": "protocol",
-            "faults": {}, "crash_after": 1, "gate": gate}
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "queue_core.lab.child", json.dumps(spec)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    return collect(proc) if wait else proc

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from conftest import ROOT
-from pg import run_worker
+from queue_core.lab.child import run_child
 from queue_core import Handler, ModelClock, Queue, UnusableFile, audit
 from queue_core.lab.child import open_gate, reap
 from queue_core.postgres import DatabaseClock, PostgresStore
@@ -51,7 +51,7 @@ def test_a_worker_killed_after_its_effect_insert_leaves_nothing_and_the_retry_co
     queue = Queue(pg_dsn, clock=model_clock, lease_seconds=2)
     queue.enqueue_jsonl(jsonl([("E0003", "book", 5000)]))
 
-    crashed = run_worker(pg_dsn, now=1000, crash_at="complete.after_insert")
+    crashed = run_child(pg_dsn, now=1000, lease_seconds=2, crash_at="complete.after_insert")
 
     assert crashed.exit_code == 86 and crashed.outcomes == ()
     # The dropped connection ended its transaction: the INSERT is gone, no lock is left.
@@ -110,7 +110,7 @@ def test_two_worker_processes_draining_twenty_events_count_each_exactly_once(
     queue.enqueue_jsonl(jsonl([(f"E{i:04d}", "book", i) for i in range(1, 21)]))
     gate = tmp_path / "gate"
     gate.mkdir()
-    workers = [run_worker(pg_dsn, now=1000, lease_seconds=30, mode="drain", wait=False,
+    workers = [run_child(pg_dsn, now=1000, lease_seconds=30, mode="drain", wait=False,
                           gate=str(gate)) for _ in range(2)]
     try:
         open_gate(gate, 2)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from queue_core import Handler, LeaseLost, ModelClock, Queue, audit
-from pg import run_worker
+from queue_core.lab.child import run_child
 
 REFERENCE = [("E0001", "book", 10000), ("E0001", "book", 10000), ("E0002", "pen", 2000),
              ("E0003", "book", 5000), ("E0004", "toy", 3000)]
@@ -51,7 +51,7 @@ def test_the_reference_scenario_gives_the_course_figures_with_a_real_crash(
             queue.enqueue_jsonl(jsonl(REFERENCE[:1])).duplicates) == (4, 1)
     queue.complete(queue.claim(), handler)
     assert queue.fail(queue.claim()).available_at == 1001
-    crashed = run_worker(store, now=1000, lease_seconds=2, crash_at="complete.after_insert")
+    crashed = run_child(store, now=1000, lease_seconds=2, crash_at="complete.after_insert")
     dead = queue.fail(queue.claim(), "invalid_payload", permanent=True)
 
     assert (crashed.exit_code, dead.kind) == (86, "dead")
