@@ -10,18 +10,23 @@ from conftest import DATA
 from queue_core import Queue
 from queue_core.lab import child
 from queue_core.lab import consumer_turns, consumers_frame, transitions_frame
-from queue_core.lab.child import collect, open_gate, run_child
+from queue_core.lab.child import ChildResult, collect, open_gate, run_child
+
+
+def race(queue: Queue, gate: Path, *, work_ms: int = 0) -> list[ChildResult]:
+    """Two worker processes, released together, drain twenty.jsonl from ``queue``."""
+    queue.enqueue_file(DATA / "twenty.jsonl")
+    gate.mkdir()
+    workers = [run_child(queue.path, now=1000, lease_seconds=2, mode="drain", wait=False,
+                         gate=gate, work_ms=work_ms) for _ in range(2)]
+    open_gate(gate, len(workers))
+    return [collect(worker) for worker in workers]  # type: ignore[arg-type]
 
 
 def test_two_gated_workers_drain_twenty_events_each_effect_exactly_once(
         queue: Queue, tmp_path: Path) -> None:
-    queue.enqueue_file(DATA / "twenty.jsonl")
     gate = tmp_path / "gate"
-    gate.mkdir()
-    workers = [run_child(queue.path, now=1000, lease_seconds=2, mode="drain", wait=False,
-                         gate=gate) for _ in range(2)]
-    open_gate(gate, len(workers))
-    results = [collect(worker) for worker in workers]
+    results = race(queue, gate)
     assert [r.exit_code for r in results] == [0, 0]
     assert len(list(gate.glob("ready-*"))) == 2 and (gate / "go").exists()
     done = sorted(o.event_id for r in results for o in r.outcomes if o.kind == "done")
@@ -32,13 +37,7 @@ def test_two_gated_workers_drain_twenty_events_each_effect_exactly_once(
 
 def test_workers_that_work_outside_the_lock_take_turns_and_still_finish_each_event_once(
         queue: Queue, tmp_path: Path) -> None:
-    queue.enqueue_file(DATA / "twenty.jsonl")
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    workers = [run_child(queue.path, now=1000, lease_seconds=2, mode="drain", wait=False,
-                         gate=gate, work_ms=20) for _ in range(2)]
-    open_gate(gate, len(workers))
-    results = [collect(worker) for worker in workers]
+    results = race(queue, tmp_path / "gate", work_ms=20)
     reports = {f"consumer {n}": r.outcomes for n, r in enumerate(results, 1)}
 
     assert consumer_turns(transitions_frame(queue), consumers_frame(reports)) >= 2
