@@ -60,9 +60,14 @@ class Scenario:
         return FlakyHandler(first_attempt=self.transient)
 
     def __str__(self) -> str:
-        return (f"{self.workers} workers x {len(self.events)} events "
-                f"({', '.join(self.transient) or 'none'} failing once), {self.crashes} crash, "
-                f"{self.jumps} clock jumps, {self.redrives} redrive, lease {self.lease_seconds} s")
+        return (f"{_count(self.workers, 'worker')} x {_count(len(self.events), 'event')} "
+                f"({', '.join(self.transient) or 'none'} failing once), "
+                f"{_count(self.crashes, 'crash')}, {_count(self.jumps, 'clock jump')}, "
+                f"{_count(self.redrives, 'redrive')}, lease {self.lease_seconds} s")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('sh') else 's'}"
 
 
 DEFAULT = Scenario(events=(("E0001", "book", 10000), ("E0002", "pen", 2000)),
