@@ -141,13 +141,18 @@ def test_consumers_frame_lists_each_report_with_its_money() -> None:
         ["consumer 2", 1, "E0101", 200]]
 
 
-def test_consumer_plot_draws_each_consumers_money_and_every_journal_step(
-        queue: Queue, handler: Handler) -> None:
+def three_done(queue: Queue, handler: Handler) -> None:
+    """E0100, E0101, E0102 (100, 200, 300 cents) claimed and completed in order."""
     queue.enqueue_jsonl("\n".join(
         f'{{"event_id": "{e}", "payload": {{"category": "book", "amount_cents": {a}}}}}'
         for e, a in (("E0100", 100), ("E0101", 200), ("E0102", 300))))
     for _ in range(3):
         queue.complete(queue.claim(), handler)
+
+
+def test_consumer_plot_draws_each_consumers_money_and_every_journal_step(
+        queue: Queue, handler: Handler) -> None:
+    three_done(queue, handler)
     fig = plot_consumers(_outcomes(), transitions_frame(queue))
     money = sorted(p.get_width() for p in fig.axes[1].patches)
     assert money == [200, 400]
@@ -238,11 +243,7 @@ def test_the_sequence_diagram_draws_each_step_of_the_slow_worker_story(
 
 def test_consumer_turns_count_each_change_of_writer_in_commit_order(
         queue: Queue, handler: Handler) -> None:
-    queue.enqueue_jsonl("\n".join(
-        f'{{"event_id": "{e}", "payload": {{"category": "book", "amount_cents": {a}}}}}'
-        for e, a in (("E0100", 100), ("E0101", 200), ("E0102", 300))))
-    for _ in range(3):
-        queue.complete(queue.claim(), handler)
+    three_done(queue, handler)
     journal = transitions_frame(queue)
     assert consumer_turns(journal, consumers_frame(_outcomes())) == 2  # 1, 2, then 1 again
     alone = {"consumer 1": [o for os in _outcomes().values() for o in os], "consumer 2": []}
