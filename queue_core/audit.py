@@ -41,7 +41,9 @@ from typing import Any, Iterable, Mapping
 
 from .errors import InvalidPayload
 from .handler import Handler
-from .storage import EXPIRED_SELECT, has_table, open_store
+from .storage import has_table
+from .stores import open_store
+from .transitions import EXPIRED
 from .values import Effect, Message, Metrics, State, Status, Transition
 
 FINDINGS = {
@@ -143,7 +145,7 @@ def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
     depth = read_status(conn).states
     oldest = conn.execute("SELECT min(available_at) FROM messages "
                           "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
-    expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED_SELECT}) AS expired", (now,)).fetchone()[0]
+    expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED}) AS expired", (now,)).fetchone()[0]
     dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
                              "WHERE state = 'dead' ORDER BY event_id"))
     return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead)

@@ -27,7 +27,7 @@ from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue
-from .storage import is_connection_string, open_store
+from .stores import is_connection_string, open_store
 from .worker import drain
 
 DEFAULT_DB = "queue.sqlite3"

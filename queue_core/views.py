@@ -17,7 +17,7 @@ from typing import Iterator
 from . import audit
 from .clock import Clock
 from .errors import UnknownEvent
-from .storage import Store
+from .stores import Store
 from .values import Effect, Message, Metrics, Status, Transition
 
 

@@ -1,0 +1,64 @@
+"""Which store holds a queue, and what the protocol asks of one.
+
+The protocol (``queue``) is written once; a store supplies only what
+differs per database: connecting, the transaction mechanics, how a guarded
+statement's row reaches the journal, and the checks only the database can
+make about itself. ``storage.SqliteStore`` keeps a queue in one file,
+``postgres.PostgresStore`` in a PostgreSQL schema. This module stands above
+both, so neither imports the other; psycopg is imported only when a
+connection string is opened, so SQLite users never need it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+from .storage import SqliteStore, is_connection_string
+
+__all__ = ["Store", "is_connection_string", "open_store"]
+
+
+class Store(Protocol):
+    """What the protocol asks of a database; ``SqliteStore`` and
+    ``postgres.PostgresStore`` are the two there are."""
+
+    name: str
+    target: str                                      # the path or the connection string
+    integrity_errors: tuple[type[BaseException], ...]
+    errors: tuple[type[BaseException], ...]
+    lock: str                                        # appended to a read that picks rows to write
+
+    def describe(self) -> str: ...
+    def prepare(self, *, create: bool = True) -> None: ...
+    def connect(self, *, synchronous: str = "FULL") -> Any: ...
+    def connect_readonly(self) -> Any: ...
+    def transaction(self, conn: Any, *, relaxed: bool = False) -> Any: ...
+    def read_transaction(self, conn: Any) -> Any: ...
+    def serialize_enqueue(self, conn: Any) -> None: ...
+
+    def transition(self, conn: Any, sql: str, params: tuple[Any, ...], at: int,
+                   journal: list[tuple[Any, ...]], order: tuple[str, ...] = ()
+                   ) -> list[tuple[Any, ...]]:
+        """Run one guarded ``UPDATE ... RETURNING <journal row>, ...`` (see
+        ``transitions``) and journal each changed row at ``at``: at once, or
+        by adding it to ``journal`` for ``write_journal``. Returns the rows,
+        sorted by the returned columns named in ``order``."""
+        ...
+
+    def write_journal(self, conn: Any, journal: list[tuple[Any, ...]]) -> None:
+        """Write the journal rows ``transition`` left in ``journal``, if any."""
+        ...
+
+    def self_checks(self, conn: Any) -> tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]: ...
+
+
+def open_store(target: str | os.PathLike[str]) -> Store:
+    """The store for ``target``: a ``postgresql://`` connection string, else a file path.
+
+    Writes nothing; ``prepare`` on the result does.
+    """
+    if is_connection_string(target):
+        from .postgres import PostgresStore
+        return PostgresStore(str(target))
+    return SqliteStore(target)
