@@ -11,8 +11,8 @@ what differs from the SQLite file (``storage.SqliteStore``):
   EvalPlanQual). A stale generation, a state that is no longer ``leased`` or
   a passed deadline therefore matches no row, whichever transaction got
   there first; the caller sees the count and rolls back.
-- **The claim** locks its candidates with ``FOR UPDATE SKIP LOCKED``: two
-  workers never choose the same row, and neither waits for the other.
+- **The claim** locks its candidates with ``FOR NO KEY UPDATE SKIP LOCKED``:
+  two workers never choose the same row, and neither waits for the other.
 - **Durability**: every commit waits for the server's WAL flush, claims
   included. On one host a lost claim dies with every worker that could
   hold it; here the server and the workers fail apart, so a claim the
@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import re
 from types import TracebackType
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import psycopg
 
 from .errors import UnusableFile
-from .storage import APPLICATION_ID, CLAIM_SELECT, EXPIRED_SELECT, SCHEMA_VERSION
+from .storage import APPLICATION_ID, SCHEMA_VERSION
+from .transitions import JOURNAL_COLUMNS, write_journal
 
 CONNECT_TIMEOUT_SECONDS = 10
 META_TABLE = "queue_core_meta"
@@ -79,11 +80,12 @@ CREATE TABLE transitions (
     generation bigint NOT NULL,
     attempts   bigint NOT NULL,
     reason     text NOT NULL,
-    CONSTRAINT legal_edge CHECK (
-        (from_state IS NULL AND to_state = 'ready')
-        OR (from_state = 'ready' AND to_state = 'leased')
-        OR (from_state = 'leased' AND to_state IN ('done', 'ready', 'dead'))
-        OR (from_state = 'dead' AND to_state = 'ready'))
+    CONSTRAINT legal_edge CHECK (CASE
+        WHEN from_state IS NULL THEN to_state = 'ready'
+        WHEN from_state = 'ready' THEN to_state = 'leased'
+        WHEN from_state = 'leased' THEN to_state IN ('done', 'ready', 'dead')
+        WHEN from_state = 'dead' THEN to_state = 'ready'
+        ELSE FALSE END)
 );
 CREATE TABLE {META_TABLE} (
     application_id bigint NOT NULL,
@@ -95,6 +97,23 @@ INSERT INTO {META_TABLE} (application_id, schema_version)
 
 _TABLES_HERE = ("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
                 "ORDER BY tablename")
+
+
+_JOURNALLED: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def _journalled(sql: str, order: tuple[str, ...]) -> str:
+    """``sql`` (an ``UPDATE ... RETURNING <journal row>, ...``) wrapped so that
+    the journal row is INSERTed by the same statement, in ``order``; its last
+    parameter is ``at``."""
+    wrapped = _JOURNALLED.get((sql, order))
+    if wrapped is None:
+        by = f" ORDER BY {', '.join(order)}" if order else ""
+        wrapped = _JOURNALLED[sql, order] = (
+            f"WITH changed AS ({sql}), journalled AS (INSERT INTO transitions "
+            f"(at, {JOURNAL_COLUMNS}) SELECT ?, {JOURNAL_COLUMNS} FROM changed{by}) "
+            f"SELECT * FROM changed{by}")
+    return wrapped
 
 
 class PgConnection:
@@ -136,27 +155,89 @@ def _placeholders(sql: str) -> str:
 
 class pg_transaction:  # noqa: N801 - used like a function, as storage.transaction
     """``BEGIN`` (``READ COMMITTED``, or the given level): commit on success,
-    roll back on any exception, ``BaseException`` included."""
+    roll back on any exception, ``BaseException`` included.
 
-    __slots__ = ("conn", "begin")
+    The transaction runs in psycopg's pipeline mode: a statement is sent
+    without waiting for the one before, and the client waits only where it
+    reads a result. A transition whose rows nobody reads before the end (a
+    claim's) therefore travels with the ``COMMIT``: a claim is one round
+    trip, the worker loop's ACK-and-claim three (the fence read before the
+    handler, the ACK's guarded UPDATE, then the claim with the ``COMMIT``),
+    as many as a bare ``BEGIN; INSERT; COMMIT``. A statement that failed
+    makes the server skip the rest, ``COMMIT`` included, and the error is
+    raised where its result is read, at the latest here.
+    """
+
+    __slots__ = ("conn", "begin", "_pipeline")
 
     def __init__(self, conn: PgConnection, begin: str = "BEGIN ISOLATION LEVEL READ COMMITTED"):
         self.conn = conn
         self.begin = begin
+        self._pipeline: Any = None
 
     def __enter__(self) -> PgConnection:
-        self.conn.execute(self.begin)
+        self._pipeline = self.conn.raw.pipeline()
+        self._pipeline.__enter__()
+        try:
+            self.conn.execute(self.begin)
+        except BaseException:
+            self._end_pipeline(failed=True)
+            raise
         return self.conn
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         if exc_type is None:
             self.conn.execute("COMMIT")
-        elif not (self.conn.raw.closed or self.conn.raw.broken):
-            self.conn.execute("ROLLBACK")  # the exception propagates
+            try:
+                self._end_pipeline(failed=False)  # waits for every result, the COMMIT's too
+            except BaseException:
+                self._roll_back()
+                raise
+            return
+        self._end_pipeline(failed=True)
+        self._roll_back()  # the exception propagates: __exit__ returns None
+
+    def _end_pipeline(self, *, failed: bool) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if not failed:
+            pipeline.__exit__(None, None, None)
+            return
+        try:  # the error that failed the block is the one the caller must see
+            pipeline.__exit__(None, None, None)
+        except psycopg.Error:
+            pass
+
+    def _roll_back(self) -> None:
         # A broken connection needs no ROLLBACK: the server ended the
         # transaction when it lost the connection, and the original error
         # (not a second one about the ROLLBACK) is what the caller must see.
+        if not (self.conn.raw.closed or self.conn.raw.broken):
+            self.conn.execute("ROLLBACK")
+
+
+class _Pending(Sequence[tuple[Any, ...]]):
+    """The rows of a statement sent in a pipeline, fetched when first looked at."""
+
+    __slots__ = ("cursor", "rows")
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self.cursor = cursor
+        self.rows: list[tuple[Any, ...]] | None = None
+
+    def _fetched(self) -> list[tuple[Any, ...]]:
+        if self.rows is None:
+            self.rows = self.cursor.fetchall()
+        return self.rows
+
+    def __len__(self) -> int:
+        return len(self._fetched())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._fetched()[index]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._fetched())
 
 
 class PostgresStore:
@@ -165,11 +246,14 @@ class PostgresStore:
     name = "postgres"
     integrity_errors: tuple[type[BaseException], ...] = (psycopg.errors.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
-    # SKIP LOCKED: a row another claim has locked is not a candidate for this one.
-    claim_select = CLAIM_SELECT + " FOR UPDATE SKIP LOCKED"
-    expired_select = EXPIRED_SELECT + " FOR UPDATE SKIP LOCKED"
-    # A read that decides a later write (redrive) locks its row: many writers run at once.
-    for_update = " FOR UPDATE"
+    # A read that picks rows for a write (the claim's candidates, the expired
+    # leases to recover) locks them, skipping any row another worker holds:
+    # two workers never pick the same row, and neither waits for the other.
+    # NO KEY UPDATE is the lock the UPDATE itself takes (the key is not
+    # changed): an ACK in flight holds only a KEY SHARE lock on its message
+    # (its effect row's foreign key), which this does not skip, so an expired
+    # lease is recovered even then; that ACK's guarded UPDATE then matches nothing.
+    lock = " FOR NO KEY UPDATE SKIP LOCKED"
 
     def __init__(self, dsn: str) -> None:
         self.target = dsn
@@ -215,6 +299,18 @@ class PostgresStore:
         read (a new snapshot per statement) sees every earlier batch.
         """
         conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
+
+    def transition(self, conn: PgConnection, sql: str, params: tuple[Any, ...], at: int,
+                   journal: list[tuple[Any, ...]], order: tuple[str, ...] = ()
+                   ) -> Sequence[tuple[Any, ...]]:
+        """Send a guarded statement that journals its rows itself (a
+        data-modifying CTE); its rows are read when first looked at, so the
+        statement waits for nothing (see ``pg_transaction``). ``journal`` is
+        not needed."""
+        return _Pending(conn.execute(_journalled(sql, order), (*params, at)))
+
+    def write_journal(self, conn: PgConnection, journal: list[tuple[Any, ...]]) -> None:
+        write_journal(conn, journal)  # nothing left over: ``transition`` wrote its rows
 
     def self_checks(self, conn: PgConnection) -> tuple[tuple[str, ...],
                                                        tuple[tuple[Any, ...], ...]]:

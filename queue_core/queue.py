@@ -30,31 +30,22 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from .clock import Clock, SystemClock
 from .crashpoints import crash_point
-from .errors import (BatchConflict, IntegrityViolation, LeaseLost, NotRedrivable,
-                     QueueError, UnknownEvent)
+from .errors import (BatchConflict, IntegrityViolation, NotRedrivable, QueueError,
+                     UnknownEvent)
 from .handler import Handler
 from .ingest import EVENT_ID, Batch, parse_batch, read_batch
-from .storage import CLAIM_SELECT, EXPIRED_SELECT, SYNCHRONOUS_MODES, open_store
+from .storage import SYNCHRONOUS_MODES
+from .stores import open_store
+from .transitions import (ACK, CLAIM, EXTEND, FAIL, FENCE_COLUMNS, FENCE_SELECT, RECOVER,
+                          REDRIVE, RELEASE, check_fence, explain_miss, write_journal)
 from .values import Effect, EnqueueResult, Lease, Outcome, State
 from .views import QueueViews
 
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
-
-# The claim's write and the ACK's guarded write find their rows by primary key.
-# LEASE_UPDATE takes one "?" per chosen event id in place of {marks}; ACK_UPDATE
-# re-checks the lease (state, generation, deadline) as it marks the row done.
-LEASE_UPDATE = ("UPDATE messages SET state = 'leased', attempts = attempts + 1, "
-                "generation = generation + 1, lease_until = ? WHERE state = 'ready' "
-                "AND event_id IN ({marks}) RETURNING event_id, generation, attempts, lease_until")
-ACK_UPDATE = ("UPDATE messages SET state = 'done', lease_until = NULL WHERE event_id = ? "
-              "AND state = 'leased' AND generation = ? AND lease_until > ?")
-# The heartbeat's write: the ACK's guard, but the row stays leased with a later deadline.
-EXTEND_UPDATE = ("UPDATE messages SET lease_until = ? WHERE event_id = ? "
-                 "AND state = 'leased' AND generation = ? AND lease_until > ?")
-JOURNAL_INSERT = ("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
-                   "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?)")
-_FENCE_COLUMNS = "state, generation, lease_until, payload"
-_FENCE_SELECT = f"SELECT {_FENCE_COLUMNS} FROM messages WHERE event_id = ?"
+# The crash points of the ACK's steps: the plain ACK's, and those of the ACK
+# that claims the next message in the same transaction.
+_COMPLETE = ("complete.after_insert", "complete.after_recheck")
+_HANDOFF = ("complete_and_claim.after_insert", "complete_and_claim.after_recheck")
 
 
 def backoff_seconds(attempt: int) -> int:
@@ -102,6 +93,9 @@ class Queue(QueueViews):
         # Only a FULL connection has an fsync to skip: at NORMAL every commit is relaxed.
         self.relaxed_claims = synchronous == "FULL" and not fsync_claims
         self._session: sqlite3.Connection | None = None
+        # The two statements whose candidate read locks what it picks (PostgreSQL).
+        self._claim_sql = CLAIM.format(lock=self.store.lock)
+        self._recover_sql = RECOVER.format(lock=self.store.lock)
         self.store.prepare(create=create)
 
     def __repr__(self) -> str:
@@ -217,42 +211,24 @@ class Queue(QueueViews):
         # the WAL covers every frame written before it.
         with self.transaction(relaxed=self.relaxed_claims) as conn:
             crash_point("claim.after_begin")
-            now = self.clock.now()
-            self._recover_expired(conn, now)
-            chosen = [row[0] for row in conn.execute(self.store.claim_select, (now, limit))]
-            crash_point("claim.after_select")
-            leases = self._lease(conn, chosen, now)
-            write_journal(conn, [(now, lease.event_id, State.READY, State.LEASED, lease.generation,
-                             lease.attempt, "claimed") for lease in leases])
+            journal: list[tuple[Any, ...]] = []
+            claimed = self._claim(conn, self.clock.now(), limit, journal)
+            self.store.write_journal(conn, journal)
             crash_point("claim.before_commit")
         crash_point("claim.after_commit")
-        return leases
+        return _leases(claimed)
 
-    def _lease(self, conn: sqlite3.Connection, chosen: list[str], now: int) -> list[Lease]:
-        """Lease the ``chosen`` ready messages with one UPDATE; in ``chosen`` order
-        (RETURNING promises no order)."""
-        leased: dict[str, Lease] = {}
-        for start in range(0, len(chosen), _CHUNK):
-            chunk = chosen[start:start + _CHUNK]
-            marks = ", ".join("?" * len(chunk))
-            leased.update((row[0], Lease(*row)) for row in conn.execute(
-                LEASE_UPDATE.format(marks=marks), (now + self.lease_seconds, *chunk)))
-        return [leased[event_id] for event_id in chosen]
-
-    def _recover_expired(self, conn: sqlite3.Connection, now: int) -> None:
-        expired = conn.execute(self.store.expired_select, (now,)).fetchall()
-        for event_id, attempts, generation in expired:
-            if attempts >= self.max_attempts:
-                conn.execute("UPDATE messages SET state = 'dead', lease_until = NULL, "
-                             "last_error = 'lease_expired' WHERE event_id = ?", (event_id,))
-                write_journal(conn, [(now, event_id, State.LEASED, State.DEAD, generation, attempts,
-                                 "attempts_exhausted")])
-            else:
-                conn.execute("UPDATE messages SET state = 'ready', available_at = lease_until, "
-                             "lease_until = NULL, last_error = 'lease_expired' WHERE event_id = ?",
-                             (event_id,))
-                write_journal(conn, [(now, event_id, State.LEASED, State.READY, generation, attempts,
-                                 "lease_expired")])
+    def _claim(self, conn: Any, now: int, limit: int,
+               journal: list[tuple[Any, ...]]) -> Sequence[tuple[Any, ...]]:
+        """Recover the expired leases, then lease up to ``limit`` due messages,
+        each step one guarded statement; return the claim's rows (read them
+        with ``_leases``, after the commit: on PostgreSQL the statement then
+        travels with the ``COMMIT``)."""
+        self.store.transition(conn, self._recover_sql, (self.max_attempts, self.max_attempts, now),
+                              now, journal)
+        return self.store.transition(conn, self._claim_sql,
+                                     (now + self.lease_seconds, now, limit), now, journal,
+                                     order=("available_at", "event_id"))
 
     # -- complete (the ACK) ---------------------------------------------------
 
@@ -270,12 +246,38 @@ class Queue(QueueViews):
         _require_lease(lease)
         with self.transaction() as conn:
             crash_point("complete.after_begin")
-            row = conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone()
-            effect, journal_row = self._ack(conn, lease, row, handler)
-            write_journal(conn, [journal_row])
+            journal: list[tuple[Any, ...]] = []
+            effect, _ = self._ack(conn, lease, self._fence_row(conn, lease), handler, journal,
+                                  _COMPLETE)
+            self.store.write_journal(conn, journal)
             crash_point("complete.before_commit")
         crash_point("complete.after_commit")
         return effect
+
+    def complete_and_claim(self, lease: Lease, handler: Handler) -> tuple[Effect, Lease | None]:
+        """ACK ``lease`` as ``complete`` does and, in the SAME transaction, claim
+        the next due message; return the effect and the new lease (``None``
+        if nothing is due).
+
+        The worker loop's step (``drain``): one transaction, and one fsync,
+        per message. The claim inside it is an ordinary claim (expired leases
+        recovered first); it is durable with the ACK, since the two commit
+        together. If the ACK is refused (``LeaseLost``, ``InvalidPayload``, a
+        transient error), everything is rolled back and nothing is claimed.
+        A worker that dies after the commit holds a lease like any other:
+        it expires, and the next claim recovers it.
+        """
+        _require_lease(lease)
+        with self.transaction() as conn:
+            journal: list[tuple[Any, ...]] = []
+            effect, now = self._ack(conn, lease, self._fence_row(conn, lease), handler, journal,
+                                    _HANDOFF)
+            claimed = self._claim(conn, now, 1, journal)
+            self.store.write_journal(conn, journal)
+            crash_point("complete_and_claim.before_commit")
+        crash_point("complete_and_claim.after_commit")
+        following = _leases(claimed)
+        return effect, (following[0] if following else None)
 
     def complete_batch(self, leases: Sequence[Lease],
                        handler: Handler) -> list[Effect | QueueError]:
@@ -289,45 +291,45 @@ class Queue(QueueViews):
         for lease in leases:
             _require_lease(lease)
         results: list[Effect | QueueError] = []
-        journal_rows: list[tuple[Any, ...]] = []
+        journal: list[tuple[Any, ...]] = []
         with self.transaction() as conn:
             crash_point("complete.after_begin")
-            stored = _by_event_id(conn, _FENCE_COLUMNS, (lease.event_id for lease in leases))
+            stored = _by_event_id(conn, FENCE_COLUMNS, (lease.event_id for lease in leases))
             seen: set[str] = set()
             for lease in leases:
                 # A lease listed twice meets its own first ACK: read it again.
-                row = (conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone()
-                       if lease.event_id in seen else stored.get(lease.event_id))
+                row = (self._fence_row(conn, lease) if lease.event_id in seen
+                       else stored.get(lease.event_id))
                 seen.add(lease.event_id)
                 conn.execute("SAVEPOINT ack")
                 try:
-                    effect, journal_row = self._ack(conn, lease, row, handler)
-                except QueueError as exc:
+                    results.append(self._ack(conn, lease, row, handler, journal, _COMPLETE)[0])
+                except QueueError as exc:  # a refused ACK added no journal row
                     conn.execute("ROLLBACK TO ack")
                     results.append(exc)
-                else:
-                    results.append(effect)
-                    journal_rows.append(journal_row)
                 conn.execute("RELEASE ack")
-            # One journal statement per transaction, not per lease: only the
-            # leases that passed their checks have a row here, and it commits
-            # or rolls back with their ACKs.
-            write_journal(conn, journal_rows)
+            # One journal statement per transaction: only the leases that
+            # passed their checks have a row here, and it commits with them.
+            self.store.write_journal(conn, journal)
             crash_point("complete.before_commit")
         crash_point("complete.after_commit")
         return results
 
-    def _ack(self, conn: sqlite3.Connection, lease: Lease, row: tuple[Any, ...] | None,
-             handler: Handler) -> tuple[Effect, tuple[Any, ...]]:
-        """Fence with the stored ``row``, apply, then mark ``done`` with an UPDATE
-        that re-checks the lease; return the effect and the journal row, which
-        the caller writes in the same transaction."""
-        payload = self._check_fence(lease, row, self.clock.now())
+    def _fence_row(self, conn: Any, lease: Lease) -> tuple[Any, ...] | None:
+        return conn.execute(FENCE_SELECT, (lease.event_id,)).fetchone()  # type: ignore[no-any-return]
+
+    def _ack(self, conn: Any, lease: Lease, row: tuple[Any, ...] | None, handler: Handler,
+             journal: list[tuple[Any, ...]], points: tuple[str, str]) -> tuple[Effect, int]:
+        """Fence with the stored ``row``, apply, then mark ``done`` with the
+        guarded UPDATE (``transitions.ACK``), which re-checks the lease after
+        the handler ran. Return the effect and the time of that check.
+        ``points`` names the crash points on the way."""
+        payload = check_fence(lease, row, self.clock.now())
         try:
             effect = handler.apply(conn, lease.event_id, json.loads(payload))
         except self.store.integrity_errors as exc:
             raise IntegrityViolation(f"{lease.event_id}: {exc}") from exc
-        crash_point("complete.after_insert")
+        crash_point(points[0])
         # The handler may have outlived the lease: the same three conditions
         # again, now as the guard of the UPDATE that marks it done. On
         # PostgreSQL (READ COMMITTED, no write lock held) that is enough: a
@@ -337,47 +339,22 @@ class Queue(QueueViews):
         # UPDATE wait for its end; so a claim, recovery or redrive that beat
         # this ACK leaves 0 rows matched, and the INSERT rolls back with it.
         now = self.clock.now()
-        marked = conn.execute(ACK_UPDATE, (lease.event_id, lease.generation, now)).rowcount
-        if marked != 1:  # the lease is lost: read the row again only to say why
-            self._check_fence(lease, conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone(),
-                              now)
-            # not reached: the read sees what the UPDATE saw (under SQLite's write
-            # lock), or later (PostgreSQL): generations and states only move on
-            raise AssertionError(f"{lease.event_id}: guarded UPDATE matched {marked} rows")
-        crash_point("complete.after_recheck")
-        return effect, (now, lease.event_id, State.LEASED, State.DONE,
-                        lease.generation, lease.attempt, "completed")
+        if not self.store.transition(conn, ACK, (lease.event_id, lease.generation, now),
+                                     now, journal):
+            raise explain_miss(conn, lease, now)
+        crash_point(points[1])
+        return effect, now
 
     def fence(self, conn: sqlite3.Connection, lease: Lease) -> str:
         """Return the stored payload if ``lease`` still holds the message now.
 
         Run inside ``transaction()``; raises ``LeaseLost`` (``stale_generation``,
-        ``not_leased``, ``lease_expired``) or ``UnknownEvent``. A hook for
-        subclasses: the course's broken contrasts override it to show what
-        each check buys.
+        ``not_leased``, ``lease_expired``) or ``UnknownEvent``. Not a step of
+        the protocol's own transitions (each guarded UPDATE is its own
+        check); a hook for subclasses: the course's broken contrasts use and
+        override it to show what each check buys.
         """
-        row = conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone()
-        return self._check_fence(lease, row, self.clock.now())
-
-    @staticmethod
-    def _check_fence(lease: Lease, row: tuple[Any, ...] | None, now: int) -> str:
-        """Return the payload of ``row`` (from ``_FENCE_SELECT``) if ``lease``
-        still holds the message at ``now``; else raise why it does not."""
-        if row is None:
-            raise UnknownEvent(f"no message {lease.event_id}")
-        state, generation, lease_until, payload = row
-        if generation != lease.generation:
-            raise LeaseLost("stale_generation",
-                            f"{lease.event_id}: lease generation {lease.generation}, "
-                            f"stored generation {generation}", event_id=lease.event_id)
-        if state != State.LEASED:
-            raise LeaseLost("not_leased", f"{lease.event_id} is {state}, not leased",
-                            event_id=lease.event_id)
-        if lease_until <= now:
-            raise LeaseLost("lease_expired",
-                            f"{lease.event_id}: lease ended at {lease_until}, now is {now}",
-                            event_id=lease.event_id)
-        return str(payload)
+        return check_fence(lease, self._fence_row(conn, lease), self.clock.now())
 
     # -- extend (the heartbeat) -----------------------------------------------
 
@@ -396,16 +373,28 @@ class Queue(QueueViews):
         _require_positive("seconds", seconds)
         with self.transaction() as conn:
             now = self.clock.now()
-            self._check_fence(lease, conn.execute(_FENCE_SELECT, (lease.event_id,)).fetchone(),
-                              now)
             until = now + seconds
-            moved = conn.execute(EXTEND_UPDATE, (until, lease.event_id, lease.generation,
-                                                 now)).rowcount
-            if moved != 1:  # lost since the read (PostgreSQL only): say why
-                self._check_fence(lease, conn.execute(_FENCE_SELECT,
-                                                      (lease.event_id,)).fetchone(), now)
-                raise AssertionError(f"{lease.event_id}: guarded UPDATE matched {moved} rows")
+            if conn.execute(EXTEND, (until, lease.event_id, lease.generation, now)).fetchone() is None:
+                raise explain_miss(conn, lease, now)
         return Lease(lease.event_id, lease.generation, lease.attempt, until)
+
+    def release(self, lease: Lease) -> None:
+        """Give back a message this worker claimed but has not started: ``ready``
+        again at once, in its old place in the order, the attempt not counted.
+
+        Fenced like ``complete`` (raises ``LeaseLost`` or ``UnknownEvent`` and
+        changes nothing) and journalled (``released``). The generation stays
+        counted, so the released lease can never ACK. The worker loop uses it
+        when it must stop while holding a message it claimed ahead.
+        """
+        _require_lease(lease)
+        with self.transaction() as conn:
+            now = self.clock.now()
+            journal: list[tuple[Any, ...]] = []
+            if not self.store.transition(conn, RELEASE, (lease.event_id, lease.generation, now),
+                                         now, journal):
+                raise explain_miss(conn, lease, now)
+            self.store.write_journal(conn, journal)
 
     # -- fail and redrive -----------------------------------------------------
 
@@ -420,35 +409,27 @@ class Queue(QueueViews):
         _require_lease(lease)
         with self.transaction() as conn:
             crash_point("fail.after_begin")
-            outcome = self._fail(conn, lease, code, permanent)
+            journal: list[tuple[Any, ...]] = []
+            outcome = self._fail(conn, lease, code, permanent, journal)
+            self.store.write_journal(conn, journal)
             crash_point("fail.before_commit")
         crash_point("fail.after_commit")
         return outcome
 
-    def _fail(self, conn: sqlite3.Connection, lease: Lease, code: str,
-              permanent: bool) -> Outcome:
-        self.fence(conn, lease)
+    def _fail(self, conn: Any, lease: Lease, code: str, permanent: bool,
+              journal: list[tuple[Any, ...]]) -> Outcome:
         now = self.clock.now()
         if permanent or lease.attempt >= self.max_attempts:
+            to, available_at, kind = State.DEAD, now, "dead"
             reason = code if permanent else "attempts_exhausted"
-            self._finish_failed(conn, lease, "dead", now, code, reason)
-            return Outcome(lease.event_id, "dead", lease.generation, code)
-        retry_at = now + backoff_seconds(lease.attempt)
-        self._finish_failed(conn, lease, "ready", retry_at, code, code)
-        return Outcome(lease.event_id, "retry", lease.generation, code, available_at=retry_at)
-
-    def _finish_failed(self, conn: sqlite3.Connection, lease: Lease, to: str,
-                       available_at: int, code: str, reason: str) -> None:
-        changed = conn.execute(
-            "UPDATE messages SET state = ?, lease_until = NULL, available_at = ?, "
-            "last_error = ? WHERE event_id = ? AND state = 'leased' AND generation = ?",
-            (to, available_at, code, lease.event_id, lease.generation)).rowcount
-        if changed != 1:  # only without a write lock (PostgreSQL): recovered since the fence
-            self.fence(conn, lease)
-            raise LeaseLost("not_leased", f"{lease.event_id} was taken back meanwhile",
-                            event_id=lease.event_id)
-        write_journal(conn, [(self.clock.now(), lease.event_id, State.LEASED, State(to),
-                         lease.generation, lease.attempt, reason)])
+        else:
+            to, available_at, kind = State.READY, now + backoff_seconds(lease.attempt), "retry"
+            reason = code
+        if not self.store.transition(conn, FAIL, (to, available_at, code, lease.event_id,
+                                                  lease.generation, now, reason), now, journal):
+            raise explain_miss(conn, lease, now)
+        return Outcome(lease.event_id, kind, lease.generation, code,
+                       available_at=available_at if kind == "retry" else None)
 
     def redrive(self, event_id: str) -> None:
         """Send a dead message back to ``ready`` for a new cycle of attempts.
@@ -460,16 +441,20 @@ class Queue(QueueViews):
         if not isinstance(event_id, str) or not EVENT_ID.fullmatch(event_id):
             raise UnknownEvent(f"{event_id!r} is not an event id (E followed by four digits)")
         with self.transaction() as conn:
-            row = conn.execute("SELECT state, generation FROM messages WHERE event_id = ?"
-                               + self.store.for_update, (event_id,)).fetchone()
-            if row is None:
-                raise UnknownEvent(f"no message {event_id}")
-            if row[0] != State.DEAD:
-                raise NotRedrivable(f"{event_id} is {row[0]}; only a dead message can be redriven")
             now = self.clock.now()
-            conn.execute("UPDATE messages SET state = 'ready', attempts = 0, available_at = ? "
-                         "WHERE event_id = ? AND state = 'dead'", (now, event_id))
-            write_journal(conn, [(now, event_id, State.DEAD, State.READY, row[1], 0, "redrive")])
+            journal: list[tuple[Any, ...]] = []
+            if not self.store.transition(conn, REDRIVE, (now, event_id), now, journal):
+                row = conn.execute("SELECT state FROM messages WHERE event_id = ?",
+                                   (event_id,)).fetchone()
+                if row is None:
+                    raise UnknownEvent(f"no message {event_id}")
+                raise NotRedrivable(f"{event_id} is {row[0]}; only a dead message can be redriven")
+            self.store.write_journal(conn, journal)
+
+
+def _leases(rows: Iterable[tuple[Any, ...]]) -> list[Lease]:
+    """The leases of ``transitions.CLAIM``'s rows."""
+    return [Lease(row[0], row[3], row[4], row[6]) for row in rows]
 
 
 def _stored_payloads(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str, str]:
@@ -487,19 +472,6 @@ def _by_event_id(conn: sqlite3.Connection, columns: str,
         rows.update((row[0], row[1:]) for row in conn.execute(
             f"SELECT event_id, {columns} FROM messages WHERE event_id IN ({marks})", chunk))
     return rows
-
-
-def write_journal(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
-    """Journal state changes inside the caller's open transaction.
-
-    Each row: ``(at, event_id, from_state, to_state, generation, attempts,
-    reason)``; the schema refuses a step that is not an edge of the state
-    machine.
-    """
-    if len(rows) == 1:  # the single-message path: execute is cheaper than executemany
-        conn.execute(JOURNAL_INSERT, rows[0])
-        return
-    conn.executemany(JOURNAL_INSERT, rows)
 
 
 def _require_lease(lease: Lease) -> None:

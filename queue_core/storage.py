@@ -21,10 +21,11 @@ import os
 import sqlite3
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote
 
 from .errors import UnusableFile
+from .transitions import write_journal
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF")
 BUSY_TIMEOUT_SECONDS = 30.0
@@ -83,24 +84,18 @@ CREATE TABLE transitions (
     generation INTEGER NOT NULL,
     attempts   INTEGER NOT NULL,
     reason     TEXT NOT NULL,
-    -- The state machine's edges, and no others, can be journalled.
-    CONSTRAINT legal_edge CHECK (
-        (from_state IS NULL AND to_state = 'ready')                      -- enqueued
-        OR (from_state = 'ready' AND to_state = 'leased')                -- claimed
-        OR (from_state = 'leased' AND (to_state = 'done' OR to_state = 'ready'
-                                       OR to_state = 'dead'))            -- ACK, fail, expiry
-        OR (from_state = 'dead' AND to_state = 'ready'))                 -- redrive
+    -- The state machine's edges, and no others, can be journalled. A CASE, not
+    -- an OR of conditions: a comparison with NULL is NULL, and a CHECK that is
+    -- NULL passes, so "from_state = 'ready' AND ..." would let NULL -> leased in.
+    CONSTRAINT legal_edge CHECK (CASE
+        WHEN from_state IS NULL THEN to_state = 'ready'                  -- enqueued
+        WHEN from_state = 'ready' THEN to_state = 'leased'               -- claimed
+        WHEN from_state = 'leased' THEN to_state = 'done' OR to_state = 'ready'
+                                        OR to_state = 'dead'             -- ACK, fail, expiry
+        WHEN from_state = 'dead' THEN to_state = 'ready'                 -- redrive
+        ELSE FALSE END)
 ) STRICT;
 """
-
-
-# The claim's two reads, named so that tests can EXPLAIN exactly the text that
-# runs: each must walk its partial index (messages_ready, messages_leased) in
-# order, so the cost of a claim does not grow with the done rows kept forever.
-CLAIM_SELECT = ("SELECT event_id FROM messages WHERE state = 'ready' AND available_at <= ? "
-                "ORDER BY available_at, event_id LIMIT ?")
-EXPIRED_SELECT = ("SELECT event_id, attempts, generation FROM messages "
-                  "WHERE state = 'leased' AND lease_until <= ?")
 
 
 def connect(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> sqlite3.Connection:
@@ -328,45 +323,19 @@ def _statements(script: str) -> list[str]:
 
 # -- the store: what differs between SQLite and PostgreSQL ------------------------------
 
-class Store(Protocol):
-    """What the protocol asks of a database; ``SqliteStore`` and
-    ``postgres.PostgresStore`` are the two there are."""
-
-    name: str
-    target: str                                      # the path or the connection string
-    integrity_errors: tuple[type[BaseException], ...]
-    errors: tuple[type[BaseException], ...]
-    claim_select: str                                # the claim's candidates, in order
-    expired_select: str                              # the leases a claim recovers
-    for_update: str                                  # appended to a read that decides a write
-
-    def describe(self) -> str: ...
-    def prepare(self, *, create: bool = True) -> None: ...
-    def connect(self, *, synchronous: str = "FULL") -> Any: ...
-    def connect_readonly(self) -> Any: ...
-    def transaction(self, conn: Any, *, relaxed: bool = False) -> Any: ...
-    def read_transaction(self, conn: Any) -> Any: ...
-    def serialize_enqueue(self, conn: Any) -> None: ...
-    def self_checks(self, conn: Any) -> tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]: ...
-
-
 class SqliteStore:
     """The queue's SQLite file behind the interface the protocol calls.
 
-    The protocol (``queue``) is written once; a store supplies only what
-    differs per database: connecting, the transaction mechanics, the claim's
-    reads, and the checks only the database can make about itself.
-    ``postgres.PostgresStore`` is the other one.
+    See ``stores`` for what a store supplies; ``postgres.PostgresStore``
+    is the other one.
     """
 
     name = "sqlite"
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
-    claim_select = CLAIM_SELECT
-    expired_select = EXPIRED_SELECT
-    # A read that decides a later write: under BEGIN IMMEDIATE the write lock
-    # already serialises every writer, so nothing is added.
-    for_update = ""
+    # A read that picks rows for a write locks nothing more: under BEGIN
+    # IMMEDIATE the write lock already serialises every writer.
+    lock = ""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.target = os.fspath(path)
@@ -392,6 +361,23 @@ class SqliteStore:
     def serialize_enqueue(self, conn: sqlite3.Connection) -> None:
         """Nothing to do: ``BEGIN IMMEDIATE`` already admits one writer at a time."""
 
+    def transition(self, conn: sqlite3.Connection, sql: str, params: tuple[Any, ...], at: int,
+                   journal: list[tuple[Any, ...]], order: tuple[str, ...] = ()
+                   ) -> list[tuple[Any, ...]]:
+        """Run a guarded statement; its rows join ``journal``, written once per
+        transaction by ``write_journal`` (one INSERT, one journal page)."""
+        cursor = conn.execute(sql, params)
+        rows = cursor.fetchall()
+        if order and len(rows) > 1:
+            names = [column[0] for column in cursor.description]
+            at_ = [names.index(name) for name in order]
+            rows.sort(key=lambda row: [row[i] for i in at_])
+        journal.extend((at, *row[:6]) for row in rows)
+        return rows
+
+    def write_journal(self, conn: sqlite3.Connection, journal: list[tuple[Any, ...]]) -> None:
+        write_journal(conn, journal)
+
     def self_checks(self, conn: sqlite3.Connection) -> tuple[tuple[str, ...],
                                                              tuple[tuple[Any, ...], ...]]:
         """SQLite's own checks of the file: ``integrity_check`` and ``foreign_key_check``."""
@@ -402,18 +388,6 @@ class SqliteStore:
 def is_connection_string(target: object) -> bool:
     """Whether ``target`` names a PostgreSQL database rather than a file."""
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
-
-
-def open_store(target: str | os.PathLike[str]) -> Store:
-    """The store for ``target``: a ``postgresql://`` connection string, else a file path.
-
-    Writes nothing; ``prepare`` on the result does. psycopg is imported only
-    for a connection string, so SQLite users never need it.
-    """
-    if is_connection_string(target):
-        from .postgres import PostgresStore
-        return PostgresStore(str(target))
-    return SqliteStore(target)
 
 
 def has_table(conn: Any, name: str) -> bool:

@@ -13,6 +13,7 @@ afterwards.
 from __future__ import annotations
 
 import os
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 from contextlib import ExitStack
 from typing import Callable, ContextManager, Iterator
 
@@ -46,3 +47,12 @@ def fresh_schema(dsn: str) -> Iterator[str]:
         yield schema_dsn
     finally:
         drop_schema(schema_dsn)
+
+
+def with_lock_timeout(dsn: str, *, milliseconds: int) -> str:
+    """``dsn`` whose sessions give up on a lock after ``milliseconds``, so that
+    a statement which should never wait fails a test instead of hanging it."""
+    parts = urlsplit(dsn)
+    query = dict(parse_qsl(parts.query))
+    query["options"] = f"{query.get('options', '')} -clock_timeout={milliseconds}".strip()
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))

@@ -20,9 +20,12 @@ import pytest
 
 from conftest import ROOT
 from queue_core.lab.child import run_child
-from queue_core import Handler, ModelClock, Queue, UnusableFile, audit
+from queue_core import (Handler, LeaseLost, ModelClock, NotRedrivable, Queue, UnusableFile,
+                        audit)
 from queue_core.lab.child import open_gate, reap
-from queue_core.postgres import DatabaseClock, PostgresStore
+from pg import with_lock_timeout
+from queue_core.postgres import DatabaseClock, PostgresStore, _placeholders
+from queue_core.transitions import CLAIM, REDRIVE
 
 pytestmark = pytest.mark.usefixtures("pg_dsn")
 
@@ -91,11 +94,13 @@ def test_a_naive_claim_copied_from_sqlite_hands_one_message_to_two_workers(
 
 def test_the_protocols_claim_skips_a_row_another_claim_holds_instead_of_sharing_it(
         pg_dsn: str, model_clock: ModelClock) -> None:
-    queue = Queue(pg_dsn, clock=model_clock)
+    # A lock wait fails after a second instead of hanging: without SKIP LOCKED
+    # the claim would wait for the other transaction, and this test would fail.
+    queue = Queue(with_lock_timeout(pg_dsn, milliseconds=1000), clock=model_clock)
     queue.enqueue_jsonl(jsonl([("E0001", "book", 100), ("E0002", "pen", 200)]))
-    store = PostgresStore(pg_dsn)
+    claim = _placeholders(CLAIM.format(lock=PostgresStore(pg_dsn).lock))
     with psycopg.connect(pg_dsn) as other:  # a claim that has chosen, not yet committed
-        held = other.execute(store.claim_select.replace("?", "%s"), (1000, 1)).fetchone()
+        held = other.execute(claim, (1002, 1000, 1)).fetchone()
 
         lease = queue.claim()
 
@@ -259,3 +264,75 @@ def test_a_queue_names_its_database_without_the_password(pg_dsn: str) -> None:
     assert PostgresStore(dsn).describe() == "postgresql://db.example:5433/shop"
     assert "s3cret" not in repr(DatabaseClock(dsn))
     assert repr(Queue(pg_dsn)).startswith("Queue('postgresql://local socket/")
+
+
+# -- interleavings only PostgreSQL allows: another transaction commits mid-call ---------
+
+def _waiting_on_a_lock(dsn: str) -> bool:
+    return bool(sql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                         "AND datname = current_database()")[0][0])
+
+
+def test_two_concurrent_redrives_change_and_journal_the_message_once(
+        pg_dsn: str, model_clock: ModelClock) -> None:
+    queue = Queue(pg_dsn, clock=model_clock)
+    queue.enqueue_jsonl(jsonl([("E0001", "toy", 300)]))
+    queue.fail(queue.claim(), "invalid_payload", permanent=True)
+    first = Queue(pg_dsn, clock=model_clock)
+    results: list[object] = []
+    with first.transaction() as conn:  # the first redrive has changed the row, not committed
+        assert first.store.transition(conn, REDRIVE, (1000, "E0001"), 1000, [])  # done
+        second = threading.Thread(target=lambda: results.append(_redrive(queue)))
+        second.start()  # its UPDATE waits for the first one's row lock ...
+        deadline = time.monotonic() + 10
+        while not _waiting_on_a_lock(pg_dsn) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _waiting_on_a_lock(pg_dsn)
+    second.join(timeout=10)  # ... then finds the row ready, no longer dead
+
+    assert results == ["not_redrivable"]
+    assert [t.reason for t in queue.transitions("E0001")] == [
+        "enqueued", "claimed", "invalid_payload", "redrive"]
+    assert ledger(pg_dsn) == (0, 0, {"ready": 1})
+
+
+def _redrive(queue: Queue) -> str:
+    try:
+        queue.redrive("E0001")
+    except NotRedrivable as exc:
+        return exc.code
+    return "redriven"
+
+
+class TakeoverDuringTheHandler(Handler):
+    """A handler during whose work another worker, whose clock already reads
+    1002, recovers the lease and takes the message over (generation 2, until
+    1004) on its own connection and commits: between this ACK's fence read
+    and its guarded UPDATE. For this worker's clock the deadline has not
+    passed, so only the generation in the guard can refuse the ACK."""
+
+    def __init__(self, other: Queue) -> None:
+        super().__init__()
+        self.other, self.taken = other, None
+
+    def apply(self, conn, event_id, payload):  # type: ignore[no-untyped-def]
+        effect = super().apply(conn, event_id, payload)
+        self.taken = self.other.claim()
+        return effect
+
+
+def test_an_ack_whose_lease_was_taken_over_during_its_handler_writes_nothing(
+        pg_dsn: str, model_clock: ModelClock) -> None:
+    queue = Queue(pg_dsn, clock=model_clock, lease_seconds=2)
+    queue.enqueue_jsonl(jsonl([("E0001", "book", 100)]))
+    lease = queue.claim()
+    handler = TakeoverDuringTheHandler(Queue(pg_dsn, clock=ModelClock(1002), lease_seconds=2))
+
+    with pytest.raises(LeaseLost) as lost:
+        queue.complete(lease, handler)
+
+    assert lost.value.code == "stale_generation"
+    assert (handler.taken.event_id, handler.taken.generation) == ("E0001", 2)
+    assert ledger(pg_dsn) == (0, 0, {"leased": 1})
+    queue.complete(handler.taken, Handler())
+    assert ledger(pg_dsn) == (100, 1, {"done": 1})

@@ -2,11 +2,12 @@
 
 ``done`` rows are kept forever (they deduplicate repeats), so a claim that
 scanned or sorted ``messages`` would slow down as history grows. The claim's
-candidate SELECT and its expiry scan are the statements ``queue.py`` runs
-(``CLAIM_SELECT``, ``EXPIRED_SELECT``), explained here as they are, and the
-work SQLite does for them is counted in virtual-machine steps, which do not
-depend on the machine's speed. The claim's and the ACK's UPDATEs find their
-rows by primary key, and the pages each commit writes are counted exactly.
+candidate reads (``transitions.DUE``, ``transitions.EXPIRED``) and the
+guarded UPDATEs they sit in are the statements ``queue.py`` runs, explained
+here as they are, and the work SQLite does for the reads is counted in
+virtual-machine steps, which do not depend on the machine's speed. Every
+guarded UPDATE finds its rows by primary key, and the pages each commit
+writes are counted exactly.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import pytest
 
 from observe import expect, ledger
 from queue_core import Handler, ModelClock, Queue
-from queue_core.queue import ACK_UPDATE, CLAIM_SELECT, EXPIRED_SELECT, LEASE_UPDATE
+from queue_core.transitions import (ACK, CLAIM, DUE, EXPIRED, EXTEND, FAIL, RECOVER, REDRIVE,
+                                    RELEASE)
 
 
 def batch(first: int, count: int) -> str:
@@ -62,6 +64,9 @@ def reader(db_path: Path) -> Iterator[sqlite3.Connection]:
     conn.close()
 
 
+BY_KEY = "SEARCH messages USING INDEX sqlite_autoindex_messages_1 (event_id=?)"
+
+
 def plan(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> list[str]:
     return [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
 
@@ -91,9 +96,10 @@ def test_the_claim_walks_the_ready_index_in_order_without_a_scan_or_a_sort(
     if analyzed:  # statistics must not tempt the planner into a scan
         reader.execute("ANALYZE")
 
-    steps = plan(reader, CLAIM_SELECT, (1000, 100))
+    steps = plan(reader, CLAIM.format(lock=""), (1060, 1000, 100))
 
-    assert steps == ["SEARCH messages USING INDEX messages_ready (available_at<?)"]
+    assert steps == [BY_KEY, "LIST SUBQUERY 1",
+                     "SEARCH messages USING INDEX messages_ready (available_at<?)"]
     assert not any("SCAN" in step or "TEMP B-TREE" in step for step in steps)
 
 
@@ -105,23 +111,28 @@ def test_the_expiry_scan_walks_only_the_leased_index(
     if analyzed:
         reader.execute("ANALYZE")
 
-    steps = plan(reader, EXPIRED_SELECT, (1000,))
+    steps = plan(reader, RECOVER.format(lock=""), (3, 3, 1000))
 
-    assert steps == ["SEARCH messages USING INDEX messages_leased (lease_until<?)"]
+    assert steps == [BY_KEY, "LIST SUBQUERY 1",
+                     "SEARCH messages USING INDEX messages_leased (lease_until<?)"]
+
+
+HOLDERS_WRITES = {"ACK": (ACK, ("E0400", 1, 1000)),
+                  "FAIL": (FAIL, ("ready", 1001, "x", "E0400", 1, 1000, "x")),
+                  "EXTEND": (EXTEND, (1030, "E0400", 1, 1000)),
+                  "RELEASE": (RELEASE, ("E0400", 1, 1000)),
+                  "REDRIVE": (REDRIVE, (1000, "E0400"))}
 
 
 @pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "after-ANALYZE"])
-def test_the_claims_and_the_acks_writes_find_their_rows_by_primary_key(
-        db_path: Path, reader: sqlite3.Connection, analyzed: bool) -> None:
+@pytest.mark.parametrize("name", HOLDERS_WRITES)
+def test_every_guarded_update_of_one_message_finds_its_row_by_primary_key(
+        db_path: Path, reader: sqlite3.Connection, analyzed: bool, name: str) -> None:
     fill(db_path, ModelClock(1000), done=300, leased=300, ready=300)
     if analyzed:
         reader.execute("ANALYZE")
-    by_key = ["SEARCH messages USING INDEX sqlite_autoindex_messages_1 (event_id=?)"]
 
-    for count in (1, 100):
-        sql = LEASE_UPDATE.format(marks=", ".join("?" * count))
-        assert plan(reader, sql, (1030, *(f"E{i:04d}" for i in range(count)))) == by_key
-    assert plan(reader, ACK_UPDATE, ("E0400", 1, 1000)) == by_key
+    assert plan(reader, *HOLDERS_WRITES[name]) == [BY_KEY]
 
 
 def test_the_claims_work_does_not_grow_with_done_rows(tmp_path: Path) -> None:
@@ -131,8 +142,7 @@ def test_the_claims_work_does_not_grow_with_done_rows(tmp_path: Path) -> None:
     for name, queue in (("small", small), ("large", large)):
         conn = sqlite3.connect(queue.path)
         try:
-            counts[name] = (vm_steps(conn, CLAIM_SELECT, (1000, 10)),
-                            vm_steps(conn, EXPIRED_SELECT, (1000,)))
+            counts[name] = (vm_steps(conn, DUE, (1000, 10)), vm_steps(conn, EXPIRED, (1000,)))
         finally:
             conn.close()
 
@@ -148,7 +158,7 @@ def test_the_claims_work_does_not_grow_with_ready_rows_beyond_its_limit(
     for queue in (few, many):
         conn = sqlite3.connect(queue.path)
         try:
-            counts.append(vm_steps(conn, CLAIM_SELECT, (1000, 10)))
+            counts.append(vm_steps(conn, DUE, (1000, 10)))
         finally:
             conn.close()
 
@@ -201,3 +211,18 @@ def test_a_batch_of_a_hundred_writes_a_fraction_of_a_page_per_message(
 
     assert claim + ack <= 24  # versus 800 for a hundred single-message round trips
     assert ledger(db_path) == expect(total=200, effects=200, done=200, ready=100)
+
+
+def test_the_worker_loops_step_writes_five_pages_in_one_commit_where_two_commits_wrote_eight(
+        queue: Queue, handler: Handler, db_path: Path) -> None:
+    queue.enqueue_jsonl(batch(0, 50))
+    leases = [queue.claim()]
+
+    step = wal_frames_of(queue, lambda: leases.append(queue.complete_and_claim(leases[0],
+                                                                               handler)[1]))
+
+    # the effect, the two rows (one leaf page), the ready index, the leased
+    # index, the journal's two rows (one page): the pages of a claim and of an
+    # ACK overlap, and one commit writes each once
+    assert step == 5
+    assert ledger(db_path) == expect(total=1, effects=1, done=1, leased=1, ready=48)

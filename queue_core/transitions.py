@@ -1,0 +1,154 @@
+"""Each transition of the state machine as ONE guarded statement, and the fence's reasons.
+
+A transition is an ``UPDATE ... WHERE <guard> RETURNING <journal row>``:
+the guard is the only check that decides whether it happens (a row that
+no longer matches is simply not changed), and the returned row is what the
+journal records, in this order::
+
+    event_id, from_state, to_state, generation, attempts, reason
+
+followed by whatever else the caller needs. Returning the journal row from
+the statement that makes the change keeps the two from ever disagreeing;
+the store decides how it reaches the ``transitions`` table (SQLite: one
+INSERT per transaction; PostgreSQL: in the same statement, through a
+data-modifying CTE). When a guarded UPDATE matches no row, the row is read
+once more, only to say why (``check_fence``).
+
+``{lock}`` in a text is where a read that picks rows for a write locks
+them: nothing on SQLite (``BEGIN IMMEDIATE`` already admits one writer),
+``FOR UPDATE SKIP LOCKED`` on PostgreSQL (a row another worker holds is not
+a candidate, and nobody waits for it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .errors import LeaseLost, UnknownEvent
+from .values import Lease, State
+
+JOURNAL_COLUMNS = "event_id, from_state, to_state, generation, attempts, reason"
+JOURNAL_INSERT = ("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
+                  "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+# The claim's two reads of candidates: each walks a partial index (messages_ready,
+# messages_leased) in order, so the cost of a claim does not grow with the done
+# rows kept forever. Parameters: now, limit; now.
+DUE = ("SELECT event_id FROM messages WHERE state = 'ready' AND available_at <= ? "
+       "ORDER BY available_at, event_id LIMIT ?")
+EXPIRED = "SELECT event_id FROM messages WHERE state = 'leased' AND lease_until <= ?"
+
+# ready -> leased: the due messages in (available_at, event_id) order, up to a limit.
+# Parameters: lease_until, now, limit. Also returns lease_until and available_at
+# (unchanged by the claim: it orders the leases, since RETURNING promises no order).
+CLAIM = ("UPDATE messages SET state = 'leased', attempts = attempts + 1, "
+         "generation = generation + 1, lease_until = ? "
+         "WHERE state = 'ready' AND event_id IN (" + DUE + "{lock}) "
+         "RETURNING event_id, 'ready' AS from_state, 'leased' AS to_state, generation, "
+         "attempts, 'claimed' AS reason, lease_until, available_at")
+
+# leased -> ready (budget left: available again from the old deadline on) or
+# leased -> dead (no attempt left), for every lease whose deadline has passed.
+# Parameters: max_attempts, max_attempts, now.
+RECOVER = ("UPDATE messages SET "
+           "state = CASE WHEN attempts >= ? THEN 'dead' ELSE 'ready' END, "
+           "available_at = CASE WHEN attempts >= ? THEN available_at ELSE lease_until END, "
+           "lease_until = NULL, last_error = 'lease_expired' "
+           "WHERE state = 'leased' AND event_id IN (" + EXPIRED + "{lock}) "
+           "RETURNING event_id, 'leased' AS from_state, state AS to_state, generation, "
+           "attempts, CASE WHEN state = 'dead' THEN 'attempts_exhausted' "
+           "ELSE 'lease_expired' END AS reason")
+
+# The guard every holder's write carries: this lease's message, still leased by
+# this generation, before its deadline. Parameters: event_id, generation, now.
+HELD = "event_id = ? AND state = 'leased' AND generation = ? AND lease_until > ?"
+
+# leased -> done, the ACK's write (the effect is INSERTed before it, in the same
+# transaction). Parameters: the guard's.
+ACK = ("UPDATE messages SET state = 'done', lease_until = NULL WHERE " + HELD +
+       " RETURNING event_id, 'leased' AS from_state, 'done' AS to_state, generation, "
+       "attempts, 'completed' AS reason")
+
+# leased -> ready (retry later) or leased -> dead, after a failure.
+# Parameters: to_state, available_at, code, the guard's, reason.
+FAIL = ("UPDATE messages SET state = ?, lease_until = NULL, available_at = ?, "
+        "last_error = ? WHERE " + HELD +
+        " RETURNING event_id, 'leased' AS from_state, state AS to_state, generation, "
+        "attempts, CAST(? AS TEXT) AS reason")
+
+# leased -> ready, handed back untouched by its holder: due again at once, in its
+# old place, and the attempt it never made is not counted. Parameters: the guard's.
+RELEASE = ("UPDATE messages SET state = 'ready', lease_until = NULL, attempts = attempts - 1 "
+           "WHERE " + HELD +
+           " RETURNING event_id, 'leased' AS from_state, 'ready' AS to_state, generation, "
+           "attempts, 'released' AS reason")
+
+# leased -> leased with a later deadline (the heartbeat; no edge, so no journal row).
+# Parameters: lease_until, the guard's.
+EXTEND = "UPDATE messages SET lease_until = ? WHERE " + HELD + " RETURNING lease_until"
+
+# dead -> ready, attempts reset, generation kept. Parameters: now, event_id.
+REDRIVE = ("UPDATE messages SET state = 'ready', attempts = 0, available_at = ? "
+           "WHERE event_id = ? AND state = 'dead' "
+           "RETURNING event_id, 'dead' AS from_state, 'ready' AS to_state, generation, "
+           "attempts, 'redrive' AS reason")
+
+# What the fence reads: before the ACK's handler (it needs the payload), and
+# after a guarded UPDATE that matched nothing (only to say why).
+FENCE_COLUMNS = "state, generation, lease_until, payload"
+FENCE_SELECT = f"SELECT {FENCE_COLUMNS} FROM messages WHERE event_id = ?"
+
+
+def check_fence(lease: Lease, row: tuple[Any, ...] | None, now: int) -> str:
+    """Return the payload of ``row`` (from ``FENCE_SELECT``) if ``lease``
+    still holds the message at ``now``; else raise why it does not.
+
+    Raises ``UnknownEvent``, or ``LeaseLost`` with ``stale_generation``
+    (claimed again since, or redriven), ``not_leased`` or ``lease_expired``,
+    checked in that order: a newer holder's state says nothing about this lease.
+    """
+    if row is None:
+        raise UnknownEvent(f"no message {lease.event_id}")
+    state, generation, lease_until, payload = row
+    if generation != lease.generation:
+        raise LeaseLost("stale_generation",
+                        f"{lease.event_id}: lease generation {lease.generation}, "
+                        f"stored generation {generation}", event_id=lease.event_id)
+    if state != State.LEASED:
+        raise LeaseLost("not_leased", f"{lease.event_id} is {state}, not leased",
+                        event_id=lease.event_id)
+    if lease_until <= now:
+        raise LeaseLost("lease_expired",
+                        f"{lease.event_id}: lease ended at {lease_until}, now is {now}",
+                        event_id=lease.event_id)
+    return str(payload)
+
+
+def explain_miss(conn: Any, lease: Lease, now: int) -> LeaseLost | UnknownEvent:
+    """Why a guarded UPDATE of ``lease``'s message matched no row, read once more.
+
+    The read sees what the UPDATE saw (under SQLite's write lock) or later
+    (PostgreSQL); generations and states only move on, so the row cannot
+    hold the lease again.
+    """
+    try:
+        check_fence(lease, conn.execute(FENCE_SELECT, (lease.event_id,)).fetchone(), now)
+    except (LeaseLost, UnknownEvent) as exc:
+        return exc
+    raise AssertionError(f"{lease.event_id}: a guarded UPDATE matched no row, "
+                         "yet the lease holds")
+
+
+def write_journal(conn: Any, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Journal state changes inside the caller's open transaction.
+
+    Each row: ``(at, event_id, from_state, to_state, generation, attempts,
+    reason)``; the schema refuses a step that is not an edge of the state
+    machine.
+    """
+    if not rows:
+        return
+    if len(rows) == 1:  # the single-message path: execute is cheaper than executemany
+        conn.execute(JOURNAL_INSERT, rows[0])
+        return
+    conn.executemany(JOURNAL_INSERT, rows)
