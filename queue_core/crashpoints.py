@@ -7,21 +7,34 @@ comparison. Armed, the process ends at once with ``os._exit``: no
 
 Crash points, in the order a message meets them:
 
-=============================  ==========================================
-``claim.after_begin``          write lock taken, nothing read yet
-``claim.after_select``         candidate row chosen, not yet changed
-``claim.before_commit``        claim UPDATE done, not committed
-``claim.after_commit``         claim committed, lease not yet returned
-``complete.after_begin``       ACK transaction open, nothing checked
-``complete.after_insert``      effect INSERTed, lease not re-checked
-``complete.after_recheck``     lease re-checked after the INSERT (by the
-                               guarded ``done`` UPDATE), not committed
-``complete.before_commit``     ``done`` and its journal row written, not committed
-``complete.after_commit``      ACK committed, worker not yet told
-``fail.after_begin``           failure transaction open, nothing checked
-``fail.before_commit``         ``ready``/``dead`` written, not committed
-``fail.after_commit``          failure committed, worker not yet told
-=============================  ==========================================
+=======================================  ======================================
+``claim.after_begin``                    write lock taken, nothing read yet
+``claim.before_commit``                  expired leases recovered, the due
+                                         message leased and journalled (one
+                                         guarded UPDATE each), not committed
+``claim.after_commit``                   claim committed, lease not yet returned
+``complete.after_begin``                 ACK transaction open, nothing checked
+``complete.after_insert``                effect INSERTed, lease not re-checked
+``complete.after_recheck``               lease re-checked after the INSERT (by
+                                         the guarded ``done`` UPDATE), not
+                                         committed
+``complete.before_commit``               ``done`` and its journal row written,
+                                         not committed
+``complete.after_commit``                ACK committed, worker not yet told
+``complete_and_claim.after_insert``      the worker loop's step (the ACK that
+                                         claims the next message): effect
+                                         INSERTed, lease not re-checked
+``complete_and_claim.after_recheck``     ``done`` written by the guarded
+                                         UPDATE; the next message not yet
+                                         claimed
+``complete_and_claim.before_commit``     the next message leased too, both
+                                         journalled, not committed
+``complete_and_claim.after_commit``      both committed: the worker holds the
+                                         next lease and dies with it
+``fail.after_begin``                     failure transaction open, nothing checked
+``fail.before_commit``                   ``ready``/``dead`` written, not committed
+``fail.after_commit``                    failure committed, worker not yet told
+=======================================  ======================================
 
 ``complete.between_transactions`` is reached only by the deliberately broken
 protocols of ``queue_core.lab.contrasts``, which split the effect and the ACK
@@ -41,7 +54,6 @@ import os
 CRASH_EXIT_CODE = 86
 PROTOCOL_POINTS = (
     "claim.after_begin",
-    "claim.after_select",
     "claim.before_commit",
     "claim.after_commit",
     "complete.after_begin",
@@ -49,6 +61,10 @@ PROTOCOL_POINTS = (
     "complete.after_recheck",
     "complete.before_commit",
     "complete.after_commit",
+    "complete_and_claim.after_insert",
+    "complete_and_claim.after_recheck",
+    "complete_and_claim.before_commit",
+    "complete_and_claim.after_commit",
     "fail.after_begin",
     "fail.before_commit",
     "fail.after_commit",

@@ -11,7 +11,8 @@ import pytest
 
 from conftest import read_back
 from observe import expect, ledger, reasons, row
-from queue_core import CRASH_EXIT_CODE, Effect, Handler, ModelClock, Queue, process_one
+from queue_core import CRASH_EXIT_CODE, Effect, Handler, ModelClock, Queue, drain, process_one
+from queue_core.audit import findings
 from queue_core.lab.child import ChildResult, run_child
 
 E0003 = '{"event_id": "E0003", "payload": {"category": "book", "amount_cents": 5000}}\n'
@@ -63,7 +64,6 @@ def test_after_the_crash_the_lease_expires_and_a_new_generation_adds_the_money_o
 
 # Where the worker dies -> what a fresh connection finds: (state, generation, effects).
 CRASH_POINTS = {
-    "claim.after_select": ("ready", 0, 0),
     "claim.before_commit": ("ready", 0, 0),
     "claim.after_commit": ("leased", 1, 0),
     "complete.after_begin": ("leased", 1, 0),
@@ -88,6 +88,36 @@ def test_wherever_a_worker_dies_the_money_ends_up_added_exactly_once(
     model_clock.set(1002)  # any lease the dead worker held has expired
     process_one(queue, handler)
     assert ledger(db_path) == expect(total=5000, effects=1, done=1)
+
+
+E0001 = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}\n'
+# The worker loop's step: E0001's ACK claims E0003 in the same transaction.
+# Where the worker dies -> (E0001's state, E0003's state and generation, effects).
+HANDOFF_POINTS = {
+    "complete_and_claim.after_insert": ("leased", "ready", 0, 0),
+    "complete_and_claim.after_recheck": ("leased", "ready", 0, 0),
+    "complete_and_claim.before_commit": ("leased", "ready", 0, 0),
+    "complete_and_claim.after_commit": ("done", "leased", 1, 1),
+}
+
+
+@pytest.mark.parametrize("point, found", HANDOFF_POINTS.items(), ids=HANDOFF_POINTS.keys())
+def test_a_worker_loop_killed_in_the_ack_that_claims_the_next_loses_and_doubles_nothing(
+        queue: Queue, handler: Handler, model_clock: ModelClock, db_path: Path,
+        point: str, found: tuple[str, str, int, int]) -> None:
+    queue.enqueue_jsonl(E0001 + E0003)
+
+    result = run_child(db_path, now=1000, lease_seconds=2, crash_at=point, mode="drain")
+
+    assert isinstance(result, ChildResult) and result.crashed
+    first, second = row(db_path, "E0001"), row(db_path, "E0003")
+    assert (first["state"], second["state"], second["generation"],
+            ledger(db_path)["effects"]) == found
+    assert integrity(db_path) == [("ok",)]
+    model_clock.set(1002)  # every lease the dead worker held has expired
+    drain(queue, handler)
+    assert ledger(db_path) == expect(total=15000, effects=2, done=2)
+    assert findings(db_path) == []
 
 
 def test_a_fresh_connection_after_the_crash_can_write_at_once(

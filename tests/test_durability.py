@@ -3,7 +3,8 @@ connection the queue uses for it.
 
 A claim commits without an fsync of its own (``synchronous=NORMAL`` for that
 one transaction); everything a caller is told is durable (enqueue, the ACK
-with its effect, fail, redrive) commits at ``FULL``. The level is read inside
+with its effect, the worker loop's ACK that claims the next, fail, release,
+redrive) commits at ``FULL``. The level is read inside
 each transaction, on its own connection: through the public ``transaction``
 hook, through a handler that asks the ACK's connection, and, in a session,
 by replaying the statements the session's connection ran.
@@ -23,8 +24,8 @@ from queue_core import Effect, Handler, ModelClock, Queue, audit
 FULL, NORMAL = 2, 1  # what ``PRAGMA synchronous`` answers
 BATCH = "".join(f'{{"event_id": "E000{i}", "payload": {{"category": "book", "amount_cents": {i}00}}}}\n'
                 for i in (1, 2, 3))
-KINDS = ("enqueue", "claim", "complete", "claim_batch", "complete_batch", "fail", "redrive",
-         "claim recovering an expired lease")
+KINDS = ("enqueue", "claim", "complete_and_claim", "release", "claim_batch", "complete_batch",
+         "fail", "redrive", "claim recovering an expired lease", "complete")
 CLAIMS = {"claim", "claim_batch", "claim recovering an expired lease"}
 
 
@@ -79,7 +80,8 @@ def every_kind(queue: Probe, clock: ModelClock, handler: Handler) -> dict[str, l
 
     run("enqueue", lambda: queue.enqueue_jsonl(BATCH))
     first = run("claim", queue.claim)
-    run("complete", lambda: queue.complete(first, handler))
+    _, ahead = run("complete_and_claim", lambda: queue.complete_and_claim(first, handler))
+    run("release", lambda: queue.release(ahead))
     second, third = run("claim_batch", lambda: queue.claim_batch(2))
     run("complete_batch", lambda: queue.complete_batch([second], handler))
     run("fail", lambda: queue.fail(third, "bad_input", permanent=True))
@@ -88,7 +90,7 @@ def every_kind(queue: Probe, clock: ModelClock, handler: Handler) -> dict[str, l
     clock.set(abandoned.lease_until)  # its holder never came back
     recovered = run("claim recovering an expired lease", queue.claim)
     assert (recovered.event_id, recovered.generation) == ("E0003", abandoned.generation + 1)
-    queue.complete(recovered, handler)
+    run("complete", lambda: queue.complete(recovered, handler))
     return levels
 
 
@@ -150,7 +152,8 @@ def test_the_session_connection_commits_each_transaction_at_the_level_its_statem
         elif statement == "COMMIT":
             at_commit.append(level)
     assert at_commit == queue.levels  # the trace and the probe agree, commit by commit
-    assert at_commit == [*[level for kind in KINDS[:-1] for level in levels[kind]],
+    before_the_abandoned_claim = KINDS[:KINDS.index("redrive") + 1]
+    assert at_commit == [*[level for kind in before_the_abandoned_claim for level in levels[kind]],
                          levels["claim"][0],  # the claim whose holder never came back
                          *levels["claim recovering an expired lease"], *levels["complete"]]
     assert after == (NORMAL if config == "synchronous NORMAL" else FULL)  # a relaxed claim restores FULL
@@ -164,6 +167,6 @@ def test_a_queue_that_acked_at_normal_fails_the_durability_check(
     seen = every_kind(queue, model_clock, handler)
 
     assert seen != CONFIGS["default"][1]
-    assert seen["complete"] == seen["complete_batch"] == [NORMAL]
+    assert seen["complete"] == seen["complete_batch"] == seen["complete_and_claim"] == [NORMAL]
     assert handler.levels == [NORMAL] * 3
     assert_exactly_once(db_path)  # the same rows: only the durability differs

@@ -42,8 +42,8 @@ def test_the_reference_scenario_offers_a_pinned_number_of_images(report: PowerLo
     assert len(report.select("reference demo", "FULL")) == 28
     # NORMAL: any commit boundary up to the cut, 19 * 20 / 2
     assert len(report.select("reference demo", "NORMAL")) == 190
-    assert len(report.select("two workers", "FULL")) == 23
-    assert len(report.select("two workers", "NORMAL")) == 120
+    assert len(report.select("two workers", "FULL")) == 19
+    assert len(report.select("two workers", "NORMAL")) == 91
 
 
 def test_at_normal_an_acknowledged_ack_vanishes_and_the_work_is_done_again(
@@ -97,7 +97,7 @@ def test_the_picture_has_a_row_per_scenario_and_durability_and_the_sweep_loads_n
     labels = [tick.get_text().split("\n")[0] for tick in fig.axes[0].get_yticklabels()]
     plt.close(fig)
     assert labels == ["reference demo", "reference demo", "two workers", "two workers"]
-    assert len(powerloss_frame(report)) == len(report.rows) == 28 + 190 + 23 + 120
+    assert len(powerloss_frame(report)) == len(report.rows) == 28 + 190 + 19 + 91
 
     code = ("import sys, queue_core.lab.powerloss; "
             "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")

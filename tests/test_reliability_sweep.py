@@ -116,7 +116,7 @@ def test_a_worker_armed_for_its_third_arrival_finishes_two_messages_before_it_di
     queue = Queue(db_path, clock=ModelClock(START), lease_seconds=LEASE_SECONDS)
     queue.enqueue_jsonl(BATCH)
     child = run_child(db_path, now=START, lease_seconds=LEASE_SECONDS, mode="drain",
-                      accept=["toy"], crash_at="complete.after_insert", crash_after=3)
+                      accept=["toy"], crash_at="complete_and_claim.after_insert", crash_after=3)
     assert child.crashed
     assert [(o.event_id, o.kind) for o in child.outcomes] == [("E0001", "done"), ("E0002", "done")]
     assert read_back(db_path, "SELECT event_id, state FROM messages WHERE state != 'ready'") == [

@@ -27,6 +27,7 @@ from ..worker import drain, finish, process_one
 from .contrasts import protocol
 from .faults import FlakyHandler
 
+MODES = ("one", "each", "drain")
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds queue_core
 GATE_TIMEOUT_SECONDS = 30.0
 
@@ -51,7 +52,13 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
               crash_after: int = 1,
               gate: str | os.PathLike[str] | None = None,
               work_ms: int = 0) -> ChildResult | subprocess.Popen[str]:
-    """Start a worker process on ``db_path``; ``mode`` is ``one`` or ``drain``.
+    """Start a worker process on ``db_path``; ``mode`` is ``one``, ``each`` or ``drain``.
+
+    ``one`` claims and finishes one message; ``each`` claims and finishes
+    every due message, a claim and an ACK transaction each (``process_one``
+    in a loop); ``drain`` is the worker loop (``worker.drain``), in which
+    each ACK claims the next message in the same transaction. ``mode_for``
+    names the mode whose path passes through a crash point.
 
     ``now`` fixes the child's model clock (the system clock if ``None``).
     With ``wait=False`` the running ``Popen`` is returned; pass it to
@@ -66,8 +73,8 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
     its claim and its ACK, outside any transaction, as a handler that reads,
     computes or calls out would (one message at a time).
     """
-    if mode not in ("one", "drain"):
-        raise ValueError(f"mode must be 'one' or 'drain', got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     spec = {"db": os.fspath(db_path), "now": now, "lease_seconds": lease_seconds,
             "crash_at": crash_at, "mode": mode, "accept": list(accept),
             "batch_size": batch_size, "protocol": protocol, "faults": dict(faults or {}),
@@ -78,6 +85,13 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
     proc = subprocess.Popen([sys.executable, "-m", "queue_core.lab.child", json.dumps(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return collect(proc) if wait else proc
+
+
+def mode_for(point: str) -> str:
+    """The worker mode that passes through crash ``point`` on every message:
+    ``drain`` for the worker loop's own step (``complete_and_claim.*``),
+    ``each`` for the plain claim, ACK and failure steps."""
+    return "drain" if point.startswith("complete_and_claim.") else "each"
 
 
 def open_gate(gate: str | os.PathLike[str], workers: int) -> None:
@@ -155,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome = process_one(queue, handler)
         if outcome is not None:
             _report(outcome)
+    elif spec["mode"] == "each":
+        with queue.session():
+            while (outcome := process_one(queue, handler)) is not None:
+                _report(outcome)
     elif spec.get("work_ms"):
         _drain_working(queue, handler, spec["work_ms"] / 1000)
     else:

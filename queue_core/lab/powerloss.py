@@ -48,7 +48,7 @@ from ..clock import ModelClock
 from ..handler import Handler
 from ..queue import Queue
 from ..storage import connect
-from ..values import Transition
+from ..values import State, Transition
 from ..worker import drain, finish, process_one
 from .scenario import DEMO_JSONL, LEASE_SECONDS, START
 from .sweep import BATCH, EXPECTED_DEAD, EXPECTED_DONE, current_handler, run_to_completion
@@ -115,6 +115,12 @@ class _Recorded(Queue):
 
     def complete_batch(self, *args: Any) -> Any:
         return self._as("ACK", super().complete_batch, *args)
+
+    def complete_and_claim(self, *args: Any) -> Any:
+        return self._as("ACK+claim", super().complete_and_claim, *args)
+
+    def release(self, *args: Any) -> Any:
+        return self._as("release", super().release, *args)
 
     def fail(self, *args: Any, **kwargs: Any) -> Any:
         return self._as("fail", super().fail, *args, **kwargs)
@@ -365,17 +371,23 @@ def _promises(image: audit.Snapshot, returned: Sequence[Commit],
     """Did every commit whose call returned (claims aside) survive in the image?"""
     journal = set(image.journal)
     lost = [c for c in returned if c.kind != "claim" and not set(c.journal) <= journal]
-    lost += [c for c in returned if c.kind == "ACK" and c not in lost
-             and not {t.event_id for t in c.journal} <= set(image.effects)]
+    lost += [c for c in returned if c.kind in ACKS and c not in lost
+             and not _completed(c) <= set(image.effects)]
     if not lost:
         return "ok", detail
-    worst = next((c for c in lost if c.kind == "ACK"), lost[0])
+    worst = next((c for c in lost if c.kind in ACKS), lost[0])
     gone = "; ".join(f"{c.kind} of {', '.join(sorted({t.event_id for t in c.journal}))}"
                      for c in lost)
-    redone = sorted({t.event_id for c in lost if c.kind == "ACK" for t in c.journal}
+    redone = sorted({e for c in lost if c.kind in ACKS for e in _completed(c)}
                     & set(image.messages))
     again = f"; the next worker did {', '.join(redone)} again" if redone else ""
-    return f"lost acknowledged {worst.kind}", f"returned, then gone: {gone}{again}"
+    kind = "ACK" if worst.kind in ACKS else worst.kind
+    return f"lost acknowledged {kind}", f"returned, then gone: {gone}{again}"
+
+
+def _completed(commit: Commit) -> set[str]:
+    """The messages a commit marked done (an ACK that claims the next also leases one)."""
+    return {t.event_id for t in commit.journal if t.to_state == State.DONE}
 
 
 # -- pictures -------------------------------------------------------------------------------
@@ -394,8 +406,9 @@ SEVERITY = ("ok", "lost acknowledged redrive", "lost acknowledged fail",
 OUTCOME_COLOURS = {"ok": "#4daf4a", "lost acknowledged ACK": "#e41a1c",
                    "lost acknowledged write": "#ff7f00", "stuck": "#ffd92f",
                    "lost money": "#a50f15", "doubled money": "#984ea3", "audit finding": "#666666"}
-KIND_LETTERS = {"none": "-", "enqueue": "E", "claim": "C", "ACK": "A", "fail": "F",
-                "redrive": "R"}
+KIND_LETTERS = {"none": "-", "enqueue": "E", "claim": "C", "ACK": "A", "ACK+claim": "AC",
+                "fail": "F", "redrive": "R", "release": "L"}
+ACKS = ("ACK", "ACK+claim")  # the commits that carry an effect
 LEVEL_LABELS = {"FULL": "the protocol: claims NORMAL, the rest FULL",
                 "NORMAL": "everything NORMAL"}
 
@@ -434,8 +447,8 @@ def plot_powerloss(report: PowerLossReport,
     ax.set_xticks(range(width))
     ax.set_yticks(range(len(runs)), [f"{name}\n{textwrap.fill(LEVEL_LABELS[level], 24)}"
                                      for name, level in runs])
-    ax.set_xlabel("commits the recovered image keeps (E enqueue, C claim, A ACK, F fail, "
-                  "R redrive; boxed: fsynced at FULL)")
+    ax.set_xlabel("commits the recovered image keeps (E enqueue, C claim, A ACK, AC ACK that "
+                  "claims the next, F fail, R redrive; boxed: fsynced at FULL)")
     ax.set_title(title)
     seen = [o for o in OUTCOME_COLOURS if o in shown]
     ax.legend(handles=[Patch(color=OUTCOME_COLOURS[o], label=o) for o in seen],

@@ -3,8 +3,11 @@ schedule, and workers driven one transaction at a time on the real engine.
 
 A worker is a small state machine over the public API, stepped one
 transaction at a time: ``idle`` claims; ``holding`` a lease runs the ACK
-(``complete``); an ACK that raised a transient or permanent failure leaves it
-``failing``, and its next step is ``fail``; a lost lease makes it ``idle``.
+(``complete``), or, with the protocol, the worker loop's step that ACKs and
+claims the next message in the same transaction (``complete_and_claim``),
+after which it holds the next lease; an ACK that raised a transient or
+permanent failure leaves it ``failing``, and its next step is ``fail``; a
+lost lease makes it ``idle``.
 The two split contrasts ("mark then write", "write then mark") ACK in two
 transactions, so for them the ACK is two steps with ``between`` in the middle:
 ``Runner`` calls the subclass's own ``first_half`` and ``second_half``, the two
@@ -25,12 +28,13 @@ from ..clock import ModelClock
 from ..errors import InvalidPayload, LeaseLost, TransientError
 from ..queue import Queue
 from ..values import Effect, Lease, State
-from .contrasts import Protocol
+from .contrasts import REAL, Protocol
 from .faults import FlakyHandler
 from .scenario import LEASE_SECONDS, START
 from .sweep import run_to_completion
 
 SPLIT = ("mark then write", "write then mark")
+HANDOFF = "ACKs and claims the next"  # the worker loop's step: one transaction
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,13 @@ class Runner:
 
     def _ack(self, state: tuple[Any, ...], what: str) -> tuple[tuple[Any, ...], str, bool]:
         lease: Lease = state[1]
+        if what == HANDOFF:
+            effect, following = self.queue.complete_and_claim(lease, self.handler)
+            said = f"ACKs {held(lease)}: done, +{effect.amount_cents}"
+            if following is None:
+                return IDLE, f"{said}, and claims nothing", False
+            return (("holding", following), f"{said}, and claims {held(following)}, "
+                    f"lease until {following.lease_until}", False)
         if self.proto.name not in SPLIT:
             effect = self.queue.complete(lease, self.handler)
             return IDLE, f"ACKs {held(lease)}: done, +{effect.amount_cents}", False
@@ -239,7 +250,9 @@ class Runner:
         if kind == "idle":
             return ["claims"] if claimable else []
         if kind == "holding":
-            return ["ACKs (part 1)" if self.proto.name in SPLIT else "ACKs"]
+            if self.proto.name in SPLIT:
+                return ["ACKs (part 1)"]
+            return ["ACKs", HANDOFF] if self.proto.name == REAL.name else ["ACKs"]
         if kind == "between":
             return ["ACKs (part 2)"]
         return ["fails"]

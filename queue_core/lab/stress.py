@@ -30,7 +30,7 @@ from ..clock import ModelClock
 from ..crashpoints import PROTOCOL_POINTS
 from ..handler import DEFAULT_CATEGORIES
 from ..queue import Queue
-from .child import collect, open_gate, reap, run_child
+from .child import collect, mode_for, open_gate, reap, run_child
 from .scenario import LEASE_SECONDS, START
 
 MAX_ROUNDS = 200
@@ -102,11 +102,13 @@ def run_stress(workdir: str | os.PathLike[str], *, events: int = 1000, workers: 
         rounds += 1
         gate = Path(workdir) / f"gate-{rounds}"  # all workers of a round start together
         gate.mkdir()
-        procs = [run_child(db, now=clock.now(), lease_seconds=LEASE_SECONDS, mode="drain",
-                           crash_at=rng.choice(PROTOCOL_POINTS) if rng.random() < crash_rate else None,
-                           crash_after=rng.randint(1, MAX_CRASH_AFTER),
-                           faults={"rate": fault_rate, "seed": seed}, gate=gate, wait=False)
-                 for _ in range(workers)]
+        crashes_at = [(rng.choice(PROTOCOL_POINTS) if rng.random() < crash_rate else None,
+                       rng.randint(1, MAX_CRASH_AFTER)) for _ in range(workers)]
+        procs = [run_child(db, now=clock.now(), lease_seconds=LEASE_SECONDS,
+                           mode="drain" if point is None else mode_for(point), crash_at=point,
+                           crash_after=after, faults={"rate": fault_rate, "seed": seed},
+                           gate=gate, wait=False)
+                 for point, after in crashes_at]
         try:
             open_gate(gate, workers)
             for proc in procs:

@@ -48,7 +48,7 @@ from ..handler import Handler
 from ..queue import Queue
 from ..values import Lease
 from ..worker import drain, finish
-from .child import collect, reap, run_child
+from .child import collect, mode_for, reap, run_child
 from .contrasts import PROTOCOLS, Protocol, create_ledger
 from .pgcases import Schemas
 from .faults import FlakyHandler
@@ -168,7 +168,7 @@ def _crash_cases(cases: Sequence[tuple[Protocol, str]], places: _Places, jobs: i
         for proto, step in cases:
             db = _fresh(places, proto, step)
             running.append((proto, step, db, run_child(
-                db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode="drain",
+                db, now=START, lease_seconds=LEASE_SECONDS, crash_at=step, mode=mode_for(step),
                 accept=ACCEPT, protocol=proto.name, faults=FAULTS, crash_after=crash_after,
                 wait=False)))  # type: ignore[arg-type]
             if len(running) >= jobs:
