@@ -410,7 +410,8 @@ ROUTES += [
         (5000, 1, {"done": 1})),
     Route(6, "insert-first-then-the-loss-made-by-hand", lambda t: six_with(
         t, [INSERT, ACK], then=lambda q: sql(
-            q.path, "DELETE FROM effects", "UPDATE messages SET state = 'done', lease_until = NULL")),
+            q.path, "DELETE FROM effects",
+            "UPDATE messages SET state = 'done', lease_until = NULL")),
         ("q6 is not what your run left", "a hand edit changed it after the run"),
         "run `start_6` again", (0, 0, {"done": 1})),
     Route(6, "an-ack-that-matches-no-row", lambda t: six_with(t, [ACK.replace(

@@ -132,7 +132,8 @@ def check_3(queue: Any) -> Verdict:
         nudge(world, found)
         bypassed(world, found)
         steps = [t for t in world.journal if t.event_id == "E0004" and t.reason == "redrive"]
-        wasted = "" if len(steps) < 2 else f" ({len(steps) - 1} redrive before the fix went dead again)"
+        wasted = ("" if len(steps) < 2
+                  else f" ({len(steps) - 1} redrive before the fix went dead again)")
         return found.verdict(f"toy support first, then redrive: {figures(world.status)}{wasted}")
     return checked(3, body)
 

@@ -208,7 +208,8 @@ class NaiveRun:
         text = (f"worker process claimed {self.event_id} (generation {self.generation}), "
                 f"committed {self.committed} step{'' if self.committed == 1 else 's'}")
         if self.error:
-            return f"{text}, then step {self.committed + 1} failed: {explain_sql_error(self.error)[0]}"
+            what = explain_sql_error(self.error)[0]
+            return f"{text}, then step {self.committed + 1} failed: {what}"
         if self.exit_code == CRASH_EXIT_CODE:
             return f"{text}, then died (exit code {self.exit_code}) before the next step"
         return f"{text} and exited normally (exit code {self.exit_code})"
