@@ -6,14 +6,16 @@ lanes, colours, counts and labels, so a plot that drifts from the data fails.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
+from matplotlib.text import Annotation
 
 from conftest import ROOT
 from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue
@@ -230,15 +232,111 @@ def test_the_sequence_diagram_draws_each_step_of_the_slow_worker_story(
     fig = plot_sequence(queue, "E0001", {1: "worker A", 2: "worker B"},
                         marks=[("worker A", rejected)], lease_seconds=2)
     ax = fig.axes[0]
-    texts = [t.get_text() for t in ax.texts]
+    texts = [t.get_text() for t in ax.texts if t.get_text()]
     assert texts[:4] == ["clock", "worker A", "worker B", "SQLite"]
     assert "claim -> g1, lease until 1002" in texts and "claim -> g2, lease until 1004" in texts
     assert "g1's lease expired: back to ready" in texts
     assert "complete(g2): effect + ACK" in texts and "stale ACK rejected" in texts
-    assert "1002: lease g1 ends" in texts and "stalled" in texts
-    leases = [(p.get_x() + p.get_width() / 2, p.get_y(), p.get_height()) for p in ax.patches]
-    assert [(round(x), y, h) for x, y, h in leases] == [(1, 1000, 2), (2, 1002.25, 1.75)]
+    assert "lease g1 ends" in texts and "stalled" in texts
+    bars = lease_bars(ax)
+    assert [round(x) for x, _, _ in bars] == [1, 2]  # worker A's lease, then worker B's
     assert ax.get_ylim()[0] > ax.get_ylim()[1]  # time runs down
+
+
+def exercise_4_story(queue: Queue, handler: Handler) -> list[tuple[str, Mark]]:
+    """Exercise 4's story on E0004 (toy): W1 stalls past its lease, W2 takes over and
+    sends it dead, W1's late ACK refused; a redrive, W3 claims, W1 refused again, W3
+    finishes. Every step after W1's claim happens at model second 1002."""
+    queue.enqueue_jsonl(TWO_ORDERS.splitlines()[1].replace("E0002", "E0004"))
+    w1 = queue.claim()
+    queue.clock.set(1002)  # type: ignore[attr-defined]
+    w2 = queue.claim()
+    marks = []
+    with pytest.raises(LeaseLost):
+        queue.complete(w1, handler)
+    marks.append(("W1", mark(queue, "E0004", "W1's late ACK refused")))
+    queue.fail(w2, "invalid_payload", permanent=True)
+    queue.redrive("E0004")
+    newer = handler.supporting("toy")
+    w3 = queue.claim()
+    with pytest.raises(LeaseLost):
+        queue.complete(w1, newer)
+    marks.append(("W1", mark(queue, "E0004", "W1's late ACK refused again")))
+    queue.complete(w3, newer)
+    return marks
+
+
+def draw_exercise_4(queue: Queue, handler: Handler) -> Any:
+    marks = exercise_4_story(queue, handler)
+    return plot_sequence(queue, "E0004", {1: "W1", 2: "W2", 3: "W3"}, marks=marks,
+                         lease_seconds=2)
+
+
+def lease_bars(ax: Any) -> list[tuple[float, float, float]]:
+    """(column, top, bottom) of each lease bar, in drawing order."""
+    leased = to_hex(STATE_COLORS["leased"])
+    return [(p.get_x() + p.get_width() / 2, p.get_y(), p.get_y() + p.get_height())
+            for p in ax.patches if to_hex(p.get_facecolor()) == leased]
+
+
+def arrow_heights(ax: Any) -> list[float]:
+    """The height of every call arrow (an annotation), top to bottom."""
+    return sorted(a.xy[1] for a in ax.texts if isinstance(a, Annotation))
+
+
+def band_tops(ax: Any) -> dict[str, float]:
+    """The clock column's label of each model second (or wait), by its height."""
+    return {t.get_text(): t.get_position()[1] for t in ax.texts
+            if t.get_position()[0] == 0 and t.get_text()[:1].isdigit()}
+
+
+def test_the_sequence_diagram_ends_each_lease_bar_where_that_lease_ended(
+        queue: Queue, handler: Handler) -> None:
+    ax = draw_exercise_4(queue, handler).axes[0]
+    arrows = arrow_heights(ax)
+    assert len(arrows) == 7
+    claim_1, claim_2, refused_1, dead_2, claim_3, refused_2, done_3 = arrows
+    bars = lease_bars(ax)
+    assert len(bars) == 3
+    (x1, top1, end1), (x2, top2, end2), (x3, top3, end3) = bars
+    assert [round(x) for x in (x1, x2, x3)] == [1, 2, 3]
+    ends = [t for t in ax.texts if t.get_text().endswith("ends")]
+    assert [t.get_text() for t in ends] == ["lease g1 ends"]  # only W1's lease ran out
+    assert (top1, end1) == (claim_1, ends[0].get_position()[1])  # W1's: to its expiry
+    assert claim_1 < end1 < claim_2  # ... at 1002, before W2's takeover claim
+    assert (top2, end2) == (claim_2, dead_2)  # W2's: to its failure, not to 1004
+    assert (top3, end3) == (claim_3, done_3)  # W3's: to its ACK
+
+
+def test_the_sequence_diagram_draws_every_step_inside_its_model_second(
+        queue: Queue, handler: Handler) -> None:
+    ax = draw_exercise_4(queue, handler).axes[0]
+    tops = band_tops(ax)
+    assert list(tops) == ["1000", "1001", "1002"]  # 1001: W1 silent, nothing committed
+    assert tops["1000"] < tops["1001"] < tops["1002"]
+    arrows = arrow_heights(ax)
+    assert len(arrows) == 7
+    assert tops["1000"] < arrows[0] < tops["1001"]  # W1's claim at 1000
+    assert all(tops["1002"] < y for y in arrows[1:])  # the rest at 1002
+    assert max(arrows) < ax.get_ylim()[0]  # inside the picture, which has no 1003
+
+
+def test_the_sequence_diagram_keeps_every_label_inside_the_axes_and_apart(
+        queue: Queue, handler: Handler) -> None:
+    fig = draw_exercise_4(queue, handler)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    labels = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if t.get_text()]
+    assert len(labels) == 20  # 5 heads, 3 seconds, 7 calls, 2 notes, 2 "stalled", 1 end
+    outside = [text for text, box in labels if not (frame.x0 <= box.x0 and box.x1 <= frame.x1
+                                                    and frame.y0 <= box.y0 and box.y1 <= frame.y1)]
+    assert outside == []
+    touching = [(a, b) for (a, box_a), (b, box_b) in itertools.combinations(labels, 2)
+                if box_a.overlaps(box_b)]
+    assert touching == []
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert [text for text, box in labels if box.overlaps(legend)] == []
 
 
 def test_consumer_turns_count_each_change_of_writer_in_commit_order(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -187,7 +188,9 @@ def malformed_cases(queue: Queue) -> Iterator[str]:
 
 @dataclass(frozen=True, slots=True)
 class NaiveRun:
-    """How the naive worker's process ended: steps committed, exit code, first error."""
+    """How the naive worker's process ended: steps committed, exit code, first
+    error; ``db`` is the queue file it ran on and ``now`` its clock, so that a
+    check can tie the run to the queue it checks and replay it."""
 
     steps: tuple[str, ...]
     event_id: str | None
@@ -195,6 +198,8 @@ class NaiveRun:
     committed: int
     exit_code: int
     error: str | None = None
+    db: str = ""
+    now: int = 0
 
     def __str__(self) -> str:
         if self.event_id is None:
@@ -203,10 +208,59 @@ class NaiveRun:
         text = (f"worker process claimed {self.event_id} (generation {self.generation}), "
                 f"committed {self.committed} step{'' if self.committed == 1 else 's'}")
         if self.error:
-            return f"{text}, then step {self.committed + 1} failed: {self.error}"
+            what = explain_sql_error(self.error)[0]
+            return f"{text}, then step {self.committed + 1} failed: {what}"
         if self.exit_code == CRASH_EXIT_CODE:
             return f"{text}, then died (exit code {self.exit_code}) before the next step"
         return f"{text} and exited normally (exit code {self.exit_code})"
+
+
+# What each named CHECK of the schema means, and how a naive step meets it.
+_CONSTRAINTS = {
+    "lease_until_iff_leased": ("a message is leased exactly when lease_until is set, so a "
+                               "done row needs lease_until = NULL",
+                               "set `lease_until = NULL` in the same UPDATE (Hint 2)"),
+    "state_valid": ("state is one of 'ready', 'leased', 'done' and 'dead'",
+                    "write `state = 'done'`"),
+    "dead_has_reason": ("a dead row needs a last_error", "mark the message 'done', not 'dead'"),
+    "leased_was_claimed": ("a leased row has at least 1 attempt", "leave attempts alone"),
+    "attempts_valid": ("attempts is never negative", "leave attempts alone"),
+    "generation_counts_every_claim": ("generation is never below attempts",
+                                      "leave generation and attempts alone"),
+    "amount_in_range": ("an effect's amount_cents lies between 1 and 9999999",
+                        "insert `:amount_cents`"),
+    "category_named": ("an effect's category is not empty", "insert `:category`"),
+}
+_TABLES = ("the tables are messages (event_id, state, attempts, generation, available_at, "
+           "lease_until, last_error) and effects (event_id, category, amount_cents)")
+
+
+def explain_sql_error(error: str) -> tuple[str, str]:
+    """What a naive step's SQL error means, and what to change: (what, next step)."""
+    check = re.search(r"CHECK constraint failed: (\w+)", error)
+    if check and check.group(1) in _CONSTRAINTS:
+        meaning, fix = _CONSTRAINTS[check.group(1)]
+        kind = error.split(":", 1)[0]
+        return (f"the schema's CHECK constraint {check.group(1)} refused it ({kind}): "
+                f"{meaning}", fix)
+    known = [("UNIQUE constraint failed: effects", "the event already has an effect: effects "
+              "holds one row per event (its primary key)", "insert the effect once, in step 2"),
+             ("FOREIGN KEY constraint failed", "an effect must belong to a stored message",
+              "insert `:event_id` as the effect's event_id"),
+             ("NOT NULL constraint failed", "a column that needs a value got none",
+              "give every column a value: `:event_id`, `:category`, `:amount_cents`"),
+             ("one statement at a time", "a step holds more than one statement",
+              "give each statement its own string in the list"),
+             ("syntax error", "it is not valid SQL", "fix that step's SQL; Hint 3 shows both "
+              "statements"),
+             ("incomplete input", "it is not valid SQL", "fix that step's SQL"),
+             ("no such", "a name it uses does not exist", _TABLES),
+             ("binding", "it names a parameter that is not given", "use only `:event_id`, "
+              "`:generation`, `:category`, `:amount_cents` and `:now`")]
+    for needle, meaning, fix in known:
+        if needle in error:
+            return f"{meaning} ({error})", fix
+    return error, "fix that step, then run the start cell and the worker cell again"
 
 
 def run_naive_worker(queue: Queue, steps: Any, *, crash_after: int = 1) -> NaiveRun | None:
@@ -246,7 +300,7 @@ def run_naive_quietly(queue: Queue, steps: tuple[str, ...], crash_after: int) ->
         report["error"] = (report["error"]
                            or f"the process exited with {done.returncode}: {last[:100]}")
     return NaiveRun(steps, report["event_id"], report["generation"], report["committed"],
-                    done.returncode, report["error"])
+                    done.returncode, report["error"], db=spec["db"], now=spec["now"])
 
 
 def naive_worker(spec: dict[str, Any]) -> int:

@@ -8,6 +8,7 @@ function, as in ``plots``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..values import Outcome, State
@@ -114,91 +115,207 @@ def plot_sequence(source: "Queue | pd.DataFrame", event_id: str, workers: Mappin
                   title: str = "Who talks to SQLite, and when") -> "Figure":
     """A sequence diagram of one message: clock, each worker, SQLite.
 
-    Model time runs down. Every journal row of ``event_id`` is an arrow from the
-    worker holding that generation (``workers``: generation -> name) to SQLite,
-    or a note on SQLite's line (an expired lease it noticed, a redrive). A
-    worker's lease is a bar on its line until ``lease_until``; ``marks`` are
-    ``(worker, Mark)`` pairs for what the journal cannot hold (a rejected ACK).
+    Model time runs down, one band per model second (labelled in the clock
+    column); the steps of one second are drawn inside its band, in journal
+    order. Every journal row of ``event_id`` is an arrow from the worker
+    holding that generation (``workers``: generation -> name) to SQLite, or a
+    note on SQLite's line (an expired lease it noticed, a redrive). A worker's
+    lease is a bar on its line from its claim to where that lease ended: its
+    ACK, its failure, or its expiry at ``lease_until`` (the claim plus
+    ``lease_seconds``), which a later claim notices when it takes the message
+    over. ``marks`` are ``(worker, Mark)`` pairs for what the journal cannot
+    hold (a rejected ACK).
     """
     import matplotlib.pyplot as plt
 
     frame: pd.DataFrame = source if hasattr(source, "columns") else transitions_frame(source)
-    rows = frame[frame["event_id"] == event_id]
+    rows = frame[(frame["event_id"] == event_id) & frame["from_state"].notna()]
+    if rows.empty:  # the enqueue is no worker's step
+        raise ValueError(f"the journal holds no step of {event_id} after its enqueue")
     names = list(dict.fromkeys(workers.values()))
     columns = {"clock": 0.0, **{n: 1.0 + i for i, n in enumerate(names)}, "SQLite": 1.0 + len(names)}
-    rows = rows[rows["from_state"].notna()]  # the enqueue is no worker's step
-    only = [m for _, m in marks]
-    y = _sequence_heights(rows, only)
-    lease = lease_seconds if lease_seconds is not None else 0
-    span = max([*rows["at"], *(m.at for m in only)]) - min(rows["at"])
-    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 2.0 + 0.85 * span))
-    for name, cx in columns.items():
-        ax.text(cx, -0.35 + min(rows["at"]), name, ha="center", va="bottom", fontsize=11,
-                fontweight="bold")
-        ax.axvline(cx, color="0.75", ls="--", lw=1, zorder=0)
-    sqlite = columns["SQLite"]
+    leases = _lease_spans(rows, workers, lease_seconds)
+    lay = _SequenceLayout(rows, [m for _, m in marks], [s.expires for s in leases])
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 1.3 + 0.34 * (lay.bottom - lay.top)))
+    _draw_frame(ax, columns, lay)
+    for span in leases:
+        _draw_lease(ax, columns[span.worker], span, lay)
     for seq, row in rows.iterrows():
-        at = y[float(seq)]
-        who = workers.get(int(row["generation"]))
-        if row["reason"] == "claimed" and who is not None:
-            until = row["at"] + lease
-            ax.add_patch(plt.Rectangle((columns[who] - 0.06, at), 0.12, until - at,
-                                       color=STATE_COLORS[State.LEASED], alpha=0.45, lw=0))
-            _arrow(ax, columns[who], sqlite, at, f"claim -> g{row['generation']}, lease until "
-                                               f"{until}" if lease else f"claim -> g{row['generation']}",
-                   "black")
-            ax.text(columns["clock"] + 0.05, until, f"{until}: lease g{row['generation']} ends",
-                    va="center", fontsize=8, color=STATE_COLORS[State.LEASED])
-        elif row["reason"] == "completed" and who is not None:
-            _arrow(ax, columns[who], sqlite, at, f"complete(g{row['generation']}): effect + ACK",
-                   STATE_COLORS[State.DONE])
-        elif who is not None and row["from_state"] == str(State.LEASED) \
-                and row["reason"] != "lease_expired":
-            _arrow(ax, columns[who], sqlite, at, f"{row['reason']} (g{row['generation']}) -> "
-                                               f"{row['to_state']}", STATE_COLORS[State(row["to_state"])])
-        else:
-            note = _NOTES.get(row["reason"], "{reason}: g{generation} -> {to_state}")
-            ax.text(sqlite + 0.08, at, note.format(**row), va="center", fontsize=8,
-                    color=STATE_COLORS[State(row["to_state"])])
-    for (who, m), order in zip(marks, mark_order(only)):
-        claims = rows[(rows["reason"] == "claimed") & (rows["generation"].map(workers) == who)]
-        if len(claims):  # the worker was silent from its last claim to this moment
-            since = y[float(claims.index[-1])]
-            ax.plot([columns[who]] * 2, [since, y[order]], color="0.35", lw=2.5, ls=":")
-            ax.text(columns[who] - 0.08, (since + y[order]) / 2, "stalled", rotation=90,
-                    ha="right", va="center", fontsize=8, color="0.35")
-        _arrow(ax, columns[who], sqlite, y[order], m.label, "crimson", rejected=True)
-    from matplotlib.patches import Patch
-    ax.legend(handles=[Patch(color=STATE_COLORS[State.LEASED], alpha=0.45,
-                             label="lease held (until lease_until)")],
-              loc="lower right", fontsize=8, frameon=False)
-    ax.set_xlim(-0.4, sqlite + 1.6)
-    top, bottom = min(rows["at"]) - 0.5, max([*rows["at"], *(m.at for m in only)]) + 1.2
-    ax.set_ylim(bottom, top)
-    ax.set_yticks(range(int(min(rows["at"])), int(bottom) + 1))
-    ax.set_ylabel("model time (s), running down")
-    ax.set_xticks([])
-    for side in ("top", "right", "bottom"):
-        ax.spines[side].set_visible(False)
+        _draw_step(ax, row, lay.y[float(seq)], workers.get(int(row["generation"])), columns,
+                   lease_seconds)
+    _draw_marks(ax, marks, rows, workers, columns, lay)
+    _sequence_legend(ax)
     ax.set_title(title)
     fig.tight_layout()
     return fig
 
 
+@dataclass(frozen=True, slots=True)
+class _LeaseSpan:
+    """One named worker's lease: from its claim row to the journal row that ended
+    it (``until_seq``), or to its expiry second (``expires``), or open."""
+
+    worker: str
+    generation: int
+    claim_seq: float
+    until_seq: float | None
+    expires: int | None
+
+
+def _lease_spans(rows: "pd.DataFrame", workers: Mapping[int, str],
+                 lease_seconds: int | None) -> list[_LeaseSpan]:
+    """Where each named worker's lease began and ended, read from the journal."""
+    spans = []
+    claims = rows[rows["reason"] == "claimed"]
+    for seq, claim in claims.iterrows():
+        who = workers.get(int(claim["generation"]))
+        if who is None:
+            continue
+        later = rows[(rows.index > seq) & (rows["from_state"] == str(State.LEASED))
+                     & (rows["generation"] == claim["generation"])]
+        ended = later.iloc[0] if len(later) else None
+        until = None if lease_seconds is None else int(claim["at"]) + lease_seconds
+        if ended is not None and ended["reason"] != "lease_expired":
+            spans.append(_LeaseSpan(who, int(claim["generation"]), float(seq),
+                                    float(later.index[0]), None))
+        elif until is not None:   # ran out, noticed by a later claim or not yet
+            spans.append(_LeaseSpan(who, int(claim["generation"]), float(seq), None, until))
+        else:                     # no deadline known: until the takeover, or open
+            spans.append(_LeaseSpan(who, int(claim["generation"]), float(seq),
+                                    None if ended is None else float(later.index[0]), None))
+    return spans
+
+
+class _SequenceLayout:
+    """Heights in the picture: one band per model second, its steps one row each.
+
+    ``y`` maps a journal ``seq`` (or a mark's ``mark_order``) to the middle of
+    its row; ``band`` maps a second to the top of its band. A second with no
+    step gets a thin band, so waiting shows; a long wait is one band.
+    """
+
+    ROW, PAD, EMPTY = 1.0, 0.45, 0.9
+
+    def __init__(self, rows: "pd.DataFrame", marks: Sequence[Mark],
+                 expiries: Iterable[int | None]) -> None:
+        keys = [(int(at), float(seq)) for seq, at in zip(rows.index, rows["at"])]
+        keys += [(m.at, order) for m, order in zip(marks, mark_order(marks))]
+        busy = sorted({at for at, _ in keys} | {e for e in expiries if e is not None})
+        self.y: dict[float, float] = {}
+        self.band: dict[int, float] = {}
+        self.labels: list[tuple[float, str]] = []
+        top = 0.0
+        for previous, second in zip([None, *busy], busy):
+            if previous is not None and second - previous > 1:   # seconds with nothing
+                waited = (f"{previous + 1}" if second - previous == 2
+                          else f"{previous + 1}-{second - 1}")
+                self.labels.append((top, waited))
+                top += self.EMPTY
+            self.band[second] = top
+            self.labels.append((top, str(second)))
+            same = sorted(order for at, order in keys if at == second)
+            self.y.update({order: top + self.PAD + self.ROW * (rank + 0.5)
+                           for rank, order in enumerate(same)})
+            top += self.PAD + self.ROW * len(same) if same else self.EMPTY
+        self.top, self.bottom = -1.1, top + 0.2
+
+
+def _draw_frame(ax: Any, columns: Mapping[str, float], lay: _SequenceLayout) -> None:
+    """Column heads and lifelines, a line at the start of each second, the axes."""
+    for name, cx in columns.items():
+        ax.text(cx, lay.top + 0.25, name, ha="center", va="center", fontsize=11,
+                fontweight="bold")
+        ax.plot([cx, cx], [lay.top + 0.6, lay.bottom], color="0.75", ls="--", lw=1, zorder=0)
+    import matplotlib.pyplot as plt
+
+    tops = [top for top, _ in lay.labels] + [lay.bottom]
+    for n, (top, label) in enumerate(lay.labels):   # every other second lightly shaded
+        ax.add_patch(plt.Rectangle((-0.5, top), columns["SQLite"] + 2.9, tops[n + 1] - top,
+                                   color="0.5" if n % 2 else "1.0", alpha=0.07, lw=0,
+                                   zorder=-1))
+        ax.text(columns["clock"], top + 0.12, label, ha="center", va="top", fontsize=9,
+                color="0.25")
+    ax.set_xlim(-0.5, columns["SQLite"] + 2.4)
+    ax.set_ylim(lay.bottom, lay.top)   # time runs down
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_ylabel("model time (s), running down")
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+
+
+def _draw_lease(ax: Any, cx: float, span: _LeaseSpan, lay: _SequenceLayout) -> None:
+    """The lease as a bar on the worker's line; a note where a deadline ran out."""
+    import matplotlib.pyplot as plt
+
+    start = lay.y[span.claim_seq]
+    if span.until_seq is not None:
+        end = lay.y[span.until_seq]
+    elif span.expires is not None:
+        end = lay.band[span.expires]
+        ax.text(cx + 0.1, end, f"lease g{span.generation} ends", ha="left", va="center",
+                fontsize=8, color=STATE_COLORS[State.LEASED])
+    else:
+        end = lay.bottom
+    ax.add_patch(plt.Rectangle((cx - 0.06, start), 0.12, end - start,
+                               color=STATE_COLORS[State.LEASED], alpha=0.45, lw=0))
+
+
+def _draw_step(ax: Any, row: Any, y: float, who: str | None, columns: Mapping[str, float],
+               lease_seconds: int | None) -> None:
+    """One journal row: a worker's call as an arrow to SQLite, or a note on SQLite's line."""
+    sqlite, generation = columns["SQLite"], row["generation"]
+    if row["reason"] == "claimed" and who is not None:
+        until = f", lease until {row['at'] + lease_seconds}" if lease_seconds else ""
+        _arrow(ax, columns[who], sqlite, y, f"claim -> g{generation}{until}", "black")
+    elif row["reason"] == "completed" and who is not None:
+        _arrow(ax, columns[who], sqlite, y, f"complete(g{generation}): effect + ACK",
+               STATE_COLORS[State.DONE])
+    elif who is not None and row["from_state"] == str(State.LEASED) \
+            and row["reason"] != "lease_expired":
+        _arrow(ax, columns[who], sqlite, y, f"{row['reason']} (g{generation}) -> "
+                                            f"{row['to_state']}", STATE_COLORS[State(row["to_state"])])
+    else:
+        note = _NOTES.get(row["reason"], "{reason}: g{generation} -> {to_state}")
+        ax.text(sqlite + 0.08, y, note.format(**row), ha="left", va="center", fontsize=8,
+                color=STATE_COLORS[State(row["to_state"])])
+
+
+def _draw_marks(ax: Any, marks: Sequence[tuple[str, Mark]], rows: "pd.DataFrame",
+                workers: Mapping[int, str], columns: Mapping[str, float],
+                lay: _SequenceLayout) -> None:
+    """Each refused call as a dashed arrow; the silence before it as a dotted line."""
+    orders = mark_order([m for _, m in marks])
+    calls = rows[rows["reason"] != "lease_expired"]   # a noticed expiry is SQLite's note
+    mine = {name: [lay.y[float(seq)] for seq, g in zip(calls.index, calls["generation"])
+                   if workers.get(int(g)) == name] for name in workers.values()}
+    for (who, m), order in zip(marks, orders):
+        y = lay.y[order]
+        before = [at for at in mine.get(who, []) if at < y]
+        if before:  # the worker was silent from its last call to this moment
+            since = max(before)
+            ax.plot([columns[who]] * 2, [since, y], color="0.35", lw=2.5, ls=":")
+            if y - since >= 2 * lay.ROW:
+                ax.text(columns[who] - 0.1, (since + y) / 2, "stalled", rotation=90,
+                        ha="right", va="center", fontsize=8, color="0.35")
+        mine.setdefault(who, []).append(y)
+        _arrow(ax, columns[who], columns["SQLite"], y, m.label, "crimson", rejected=True)
+
+
+def _sequence_legend(ax: Any) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=STATE_COLORS[State.LEASED], alpha=0.45,
+                             label="lease held (claim to ACK, failure or expiry)"),
+                       Line2D([], [], color="0.35", lw=2.5, ls=":", label="worker silent"),
+                       Line2D([], [], color="crimson", lw=1.5, ls="--", marker="X",
+                              markeredgecolor="black", label="call refused (not in the journal)")],
+              loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
+
+
 _NOTES = {"lease_expired": "g{generation}'s lease expired: back to ready",
           "redrive": "redrive: dead -> ready (generation kept)"}
-
-
-def _sequence_heights(rows: "pd.DataFrame", marks: Sequence[Mark]) -> dict[float, float]:
-    """y of each journal row and mark: its model second, then a quarter second
-    down for each earlier step of that second, in journal order."""
-    keys = [(int(at), float(seq)) for seq, at in zip(rows.index, rows["at"])]
-    keys += [(m.at, order) for m, order in zip(marks, mark_order(marks))]
-    y: dict[float, float] = {}
-    for second in sorted({at for at, _ in keys}):
-        same = sorted(order for at, order in keys if at == second)
-        y.update({order: second + 0.25 * rank for rank, order in enumerate(same)})
-    return y
 
 
 def _arrow(ax: Any, x0: float, x1: float, y: float, label: str, color: Any, *,
@@ -207,6 +324,6 @@ def _arrow(ax: Any, x0: float, x1: float, y: float, label: str, color: Any, *,
     ax.annotate("", (x1, y), xytext=(x0, y),
                 arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.5,
                             "ls": "--" if rejected else "-"})
-    ax.text((x0 + x1) / 2, y - 0.04, label, ha="center", va="bottom", fontsize=8, color=color)
+    ax.text(x0 + 0.12, y - 0.08, label, ha="left", va="bottom", fontsize=8, color=color)
     if rejected:
         ax.plot(x1 - 0.08, y, marker="X", color="crimson", markersize=10, markeredgecolor="black")

@@ -1,0 +1,154 @@
+"""The checks of exercises 1 to 3: a correction by a new event, a batch refused
+whole, a dead message recovered. Each reads the learner's database once and
+prints one verdict (``exercise_verdicts``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..audit import Snapshot
+from ..values import Effect
+from .exercise_setup import E0001_PAYLOAD
+from .exercise_verdicts import (Findings, NotAttempted, Verdict, bypassed, checked, compare,
+                                figures, nudge, plain, refusal, read, states, untouched)
+
+__all__ = ["WHY_WHOLE_BATCH", "check_1", "check_2", "check_3"]
+
+WHY_WHOLE_BATCH = "b"  # the right choice in exercise 2 (EXERCISES.md explains it)
+_REFERENCE_EVENTS = {"E0001", "E0002", "E0003", "E0004"}
+_KEEP_EDIT = ("run the edit cell with a JSONL line that gives E0001 another amount; it keeps "
+              "the exception as edit_refusal")
+
+
+def _amount(payload: str) -> Any:
+    try:
+        return json.loads(payload).get("amount_cents")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _new_events(world: Snapshot, found: Findings, number: int) -> list[str]:
+    """Exercise 1's correction: exactly one new event of 2000, processed."""
+    new = sorted(set(world.messages) - _REFERENCE_EVENTS)
+    again = f"run `start_{number}` again, then send ONE new event of 2000 and drain"
+    if not new:
+        found.add("a new event id expected, found none", "enqueue a line with a new event id "
+                  "(e.g. E0005, pen 2000), then `drain(q1, Handler())`")
+    elif len(new) > 1:
+        found.add(f"one correction event expected (a single new event of 2000: the 3 effects of "
+                  f"the start plus 1), found {len(new)}: {', '.join(new)}", again)
+    else:
+        message = world.messages[new[0]]
+        if _amount(message.payload) != 2000:
+            found.add(f"{new[0]} brings {plain(_amount(message.payload))}, the difference is "
+                      "2000", again)
+        if message.state == "dead":
+            found.add(f"{new[0]} is dead ({message.last_error}): the handler knows book, pen "
+                      "and bag", f"run `start_{number}` again and send the correction with a "
+                      "category the handler knows")
+    return new
+
+
+def check_1(queue: Any, edit_refusal: Any = None) -> Verdict:
+    """Total 19000 by a NEW event, E0001 untouched, its edit refused (``batch_conflict``)."""
+    def body() -> Verdict:
+        world = read(queue, 1)
+        if edit_refusal is None and untouched(world, 1):
+            raise NotAttempted("try the edit of E0001 first, then add a new event and process it")
+        found = Findings(1, "run `start_1` again, try the edit of E0001 (keep the refusal), "
+                            "then enqueue one new event of 2000 and `drain(q1, Handler())`")
+        for wrong in compare(world, 19000, 4, states(done=4, dead=1)):
+            found.add(wrong)
+        refusal("the edit of E0001", edit_refusal, "batch_conflict", found, keep=_KEEP_EDIT,
+                other="the edit must be E0001 again, same category, another amount, e.g. "
+                      '{"event_id": "E0001", "payload": {"category": "book", '
+                      '"amount_cents": 12000}}')
+        stored = world.messages.get("E0001")
+        if stored is None or stored.payload != E0001_PAYLOAD:
+            found.add(f"E0001's payload expected {E0001_PAYLOAD}, found "
+                      f"{stored.payload if stored else 'no message'} (changed by hand)",
+                      "run `start_1` again: an accepted payload is never edited", first=True)
+        new = _new_events(world, found, 1)
+        nudge(world, found)
+        bypassed(world, found)
+        return found.verdict("E0001 stayed as accepted (its edit was refused: batch_conflict) "
+                             f"and {', '.join(new)} added the difference: {figures(world.status)}")
+    return checked(1, body)
+
+
+def check_2(queue: Any, conflict_refusal: Any = None, why: Any = None) -> Verdict:
+    """The conflicting batch refused whole (line 2, E0001), E0005 absent, 17000 kept."""
+    def body() -> Verdict:
+        world = read(queue, 2)
+        if conflict_refusal is None and why is None and untouched(world, 2):
+            raise NotAttempted("enqueue the conflicting batch and keep what it raises")
+        found = Findings(2, "run `start_2` again, send the file with `q2.enqueue_file(...)` "
+                            "and keep the refusal")
+        for wrong in compare(world, 17000, 3, states(done=3, dead=1)):
+            found.add(wrong)
+        if "E0005" in world.messages:
+            found.add(f"E0005 expected absent, found {world.messages['E0005'].state}",
+                      "run `start_2` again: this exercise sends only the conflicting file, "
+                      "whose refusal keeps E0005 out")
+        refusal("the conflicting batch", conflict_refusal, "batch_conflict", found,
+                keep="set conflict_file to the batch's path ('../data/conflict.jsonl') and run "
+                     "that cell: it keeps the exception as conflict_refusal",
+                other="send the whole file data/conflict.jsonl with `q2.enqueue_file`, not a "
+                      "line of your own", event_id="E0001", line=2)
+        _letter(why, found)
+        bypassed(world, found)
+        return found.verdict("the batch was refused whole at line 2 (batch_conflict on E0001), "
+                             f"so E0005 was not added: {figures(world.status)}")
+    return checked(2, body)
+
+
+def _letter(why: Any, found: Findings) -> None:
+    """What is wrong with the chosen explanation (a letter, any case, spaces ignored)."""
+    chosen = why.strip().strip(")").lower() if isinstance(why, str) else None
+    if chosen in ("a", "c"):
+        found.add(f"why the whole batch goes: you chose {chosen}), which is not the right "
+                  "explanation", "read Hint 3 in EXERCISES.md and choose again")
+    elif chosen != WHY_WHOLE_BATCH:
+        found.add("why the whole batch goes: expected one of the letters a, b or c, found "
+                  f"{plain(why)}", 'set why_whole_batch to "a", "b" or "c"')
+
+
+def check_3(queue: Any) -> Verdict:
+    """E0004 done by the newer handler after a redrive: 20000, effects 4, done 4, dead 0."""
+    def body() -> Verdict:
+        world = read(queue, 3)
+        if untouched(world, 3):
+            raise NotAttempted("add toy support, redrive E0004, then run a worker")
+        found = Findings(3, "run `start_3` again: `Handler().supporting(\"toy\")` first, then "
+                            "`q3.redrive(\"E0004\")`, then `drain(q3, newer)`")
+        for wrong in compare(world, 20000, 4, states(done=4)):
+            found.add(wrong)
+        new = sorted(set(world.messages) - _REFERENCE_EVENTS)
+        if new:
+            found.add(f"no new event expected, found {', '.join(new)}: the 3000 must come from "
+                      "E0004 itself", "run `start_3` again and recover E0004 instead")
+        _recovery(world, found)
+        nudge(world, found)
+        bypassed(world, found)
+        steps = [t for t in world.journal if t.event_id == "E0004" and t.reason == "redrive"]
+        wasted = ("" if len(steps) < 2
+                  else f" ({len(steps) - 1} redrive before the fix went dead again)")
+        return found.verdict(f"toy support first, then redrive: {figures(world.status)}{wasted}")
+    return checked(3, body)
+
+
+def _recovery(world: Snapshot, found: Findings) -> None:
+    """E0004: redriven, then done with its own effect, toy 3000."""
+    journal = [t for t in world.journal if t.event_id == "E0004"]
+    redrives = [t.seq for t in journal if t.reason == "redrive"]
+    if not redrives:
+        found.add("a redrive of E0004 expected, found none", "`q3.redrive(\"E0004\")`, then "
+                  "`drain(q3, newer)` with the handler that knows toy")
+    elif journal[-1].reason == "invalid_payload" and journal[-1].seq > redrives[-1]:
+        found.add("E0004 went dead again after your last redrive: the handler that processed "
+                  "it did not know toy", "redrive E0004 once more and `drain(q3, newer)` with "
+                  "`newer = Handler().supporting(\"toy\")` (Hint 3)")
+    toy = world.effects.get("E0004")
+    if toy != Effect("toy", 3000):
+        found.add(f"E0004's effect expected toy 3000, found {toy or 'none'}")

@@ -1,0 +1,446 @@
+"""A catalogue of wrong routes through the exercises: each is refused, and the
+verdict names what is wrong and says what to do next.
+
+Every route is played through the same calls a learner has in notebook 09
+(plain SQL on the file included, where the route is a hand edit). Where a
+route reaches the right money, the figures read back through a second
+connection prove it: the check refuses it for how it got there. The right
+answers are in test_exercises.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from conftest import DATA
+from queue_core import BatchRejected, Handler, Lease, LeaseLost, Queue, drain, finish
+from queue_core.audit import snapshot
+from queue_core.lab import exercises
+from queue_core.lab.exercises import NOT_QUITE
+from test_exercises import ACK, EDIT_E0001, INSERT, NEW_E0005, figures, sql_metric
+
+Played = tuple[str, tuple[Any, ...]]  # the queue file checked, and the check's arguments
+
+
+@dataclass(frozen=True)
+class Route:
+    """A wrong way through exercise ``number``, what its verdict must name, the
+    next step it must give, and (for a right total) the figures it reaches."""
+
+    number: int
+    name: str
+    play: Callable[[Path], tuple[Any, ...]]
+    says: tuple[str, ...]
+    next_step: str
+    reaches: tuple[int, int, dict[str, int]] | None = None
+
+
+def sql(db: str, *statements: str) -> None:
+    """Write to the queue's file with plain SQL, around every call of the queue."""
+    conn = sqlite3.connect(db)
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+
+
+def caught(action: Callable[[], Any]) -> Exception:
+    with pytest.raises((BatchRejected, LeaseLost)) as raised:
+        action()
+    return raised.value
+
+
+def place(tmp: Path, name: str) -> Path:
+    folder = tmp / name
+    folder.mkdir()
+    return folder
+
+
+# -- exercise 1 --------------------------------------------------------------------
+
+def one_with(tmp: Path, *lines: str, statements: tuple[str, ...] = (), work: bool = True,
+             edit: bool = True) -> tuple[Any, ...]:
+    queue = exercises.start_1(tmp)
+    refusal = caught(lambda: queue.enqueue_jsonl(EDIT_E0001)) if edit else None
+    for line in lines:
+        queue.enqueue_jsonl(line)
+    if work:
+        drain(queue, Handler())
+    sql(queue.path, *statements)
+    return queue, refusal
+
+
+E0005_1000 = NEW_E0005.replace("2000", "1000")
+ROUTES = [
+    Route(1, "hand-edit-of-e0001s-effect", lambda t: one_with(t, statements=(
+        "UPDATE effects SET amount_cents = 12000 WHERE event_id = 'E0001'",)),
+        ("a hand edit", "effect_differs: E0001", "effects expected 4, found 3"),
+        "run `start_1` again", (19000, 3, {"done": 3, "dead": 1})),
+    Route(1, "two-new-events-of-1000", lambda t: one_with(
+        t, E0005_1000, E0005_1000.replace("E0005", "E0006")),
+        ("one correction event expected", "E0005, E0006", "effects expected 4, found 5"),
+        "ONE new event of 2000", (19000, 5, {"done": 5, "dead": 1})),
+    Route(1, "new-event-of-1000-then-its-effect-edited-by-hand", lambda t: one_with(
+        t, E0005_1000, statements=("UPDATE effects SET amount_cents = 2000 WHERE event_id = "
+                                   "'E0005'",)),
+        ("a hand edit", "effect_differs: E0005"), "run `start_1` again",
+        (19000, 4, {"done": 4, "dead": 1})),
+    Route(1, "effect-written-without-a-worker", lambda t: one_with(t, NEW_E0005, work=False,
+        statements=("INSERT INTO effects (event_id, category, amount_cents) VALUES "
+                    "('E0005', 'pen', 2000)", "UPDATE messages SET state = 'done' "
+                                              "WHERE event_id = 'E0005'")),
+        ("a hand edit", "journal_disagrees: E0005"), "run `start_1` again",
+        (19000, 4, {"done": 4, "dead": 1})),
+    Route(1, "new-event-enqueued-but-never-processed", lambda t: one_with(t, NEW_E0005, work=False),
+        ("E0005 is ready: no worker has processed it yet", "total expected 19000, found 17000"),
+        "drain(q1, handler)"),
+    Route(1, "edit-never-tried", lambda t: one_with(t, NEW_E0005, edit=False),
+        ("the edit of E0001: expected a batch_conflict refusal, found none",),
+        "run the edit cell", (19000, 4, {"done": 4, "dead": 1})),
+    Route(1, "refusal-kept-as-text", lambda t: (one_with(t, NEW_E0005)[0], "batch_conflict"),
+        ("expected a batch_conflict refusal (the exception itself), found 'batch_conflict'",),
+        "keeps the exception as edit_refusal", (19000, 4, {"done": 4, "dead": 1})),
+    Route(1, "correction-with-a-category-the-handler-does-not-know", lambda t: one_with(
+        t, NEW_E0005.replace("pen", "toy")),
+        ("E0005 is dead (invalid_payload)", "dead expected 1, found 2"),
+        "a category the handler knows"),
+    Route(1, "correction-of-the-wrong-amount", lambda t: one_with(t, E0005_1000),
+        ("E0005 brings 1000, the difference is 2000", "total expected 19000, found 18000"),
+        "ONE new event of 2000"),
+]
+
+
+# -- exercise 2 --------------------------------------------------------------------
+
+def two_with(tmp: Path, *, batch: Any = "file", why: Any = "b",
+             then: Callable[[Queue], None] = lambda q: None) -> tuple[Any, ...]:
+    queue = exercises.start_2(tmp)
+    refusal = None
+    if batch == "file":
+        refusal = caught(lambda: queue.enqueue_file(DATA / "conflict.jsonl"))
+    elif batch is not None:
+        refusal = caught(lambda: queue.enqueue_jsonl(batch))
+    then(queue)
+    return queue, refusal, why
+
+
+def loaded_line_by_line_then_deleted(queue: Queue) -> None:
+    """The naive loader lets E0005 in; a DELETE by hand takes it out again."""
+    queue.enqueue_jsonl((DATA / "conflict.jsonl").read_text().splitlines()[0])
+    sql(queue.path, "DELETE FROM messages WHERE event_id = 'E0005'")
+
+
+ROUTES += [
+    Route(2, "e0005-sent-again-on-its-own", lambda t: two_with(
+        t, then=lambda q: q.enqueue_jsonl(NEW_E0005)),
+        ("E0005 expected absent, found ready",), "run `start_2` again"),
+    Route(2, "naive-loader-then-e0005-deleted-by-hand", lambda t: two_with(
+        t, then=loaded_line_by_line_then_deleted),
+        ("a hand edit", "journal_disagrees: E0005"), "run `start_2` again",
+        (17000, 3, {"done": 3, "dead": 1})),
+    Route(2, "refusal-of-a-single-edited-line-not-of-the-file", lambda t: two_with(
+        t, batch=EDIT_E0001), ("line expected 2, found 1",), "send the whole file",
+        (17000, 3, {"done": 3, "dead": 1})),
+    Route(2, "explanation-a", lambda t: two_with(t, why="a"),
+        ("you chose a), which is not the right explanation",), "read Hint 3"),
+    Route(2, "no-explanation", lambda t: two_with(t, why=None),
+        ("expected one of the letters a, b or c, found None",), "set why_whole_batch"),
+    Route(2, "batch-never-sent", lambda t: two_with(t, batch=None),
+        ("the conflicting batch: expected a batch_conflict refusal, found none",),
+        "set conflict_file"),
+]
+
+
+# -- exercise 3 --------------------------------------------------------------------
+
+def three_with(tmp: Path, play: Callable[[Queue], None]) -> tuple[Any, ...]:
+    queue = exercises.start_3(tmp)
+    play(queue)
+    return (queue,)
+
+
+def redriven_with(handler: Handler, work: bool = True) -> Callable[[Queue], None]:
+    def play(queue: Queue) -> None:
+        queue.redrive("E0004")
+        if work:
+            drain(queue, handler)
+    return play
+
+
+ROUTES += [
+    Route(3, "redrive-before-the-fix", lambda t: three_with(t, redriven_with(Handler())),
+        ("went dead again after your last redrive", "dead expected 0, found 1"),
+        "redrive E0004 once more"),
+    Route(3, "twenty-thousand-from-a-new-event", lambda t: three_with(t, lambda q: (
+        q.enqueue_jsonl(NEW_E0005.replace("pen", "book").replace("2000", "3000")),
+        drain(q, Handler()))),
+        ("no new event expected, found E0005", "dead expected 0, found 1"),
+        "recover E0004 instead", (20000, 4, {"done": 4, "dead": 1})),
+    Route(3, "e0004-set-done-by-hand", lambda t: three_with(t, lambda q: sql(
+        q.path, "UPDATE messages SET state = 'done', last_error = NULL WHERE event_id = 'E0004'",
+        "INSERT INTO effects (event_id, category, amount_cents) VALUES ('E0004', 'toy', 3000)")),
+        ("a hand edit", "journal_disagrees: E0004", "a redrive of E0004 expected, found none"),
+        "run `start_3` again", (20000, 4, {"done": 4})),
+    Route(3, "e0004-set-ready-by-hand-instead-of-a-redrive", lambda t: three_with(t, lambda q: (
+        sql(q.path, "UPDATE messages SET state = 'ready', attempts = 0 WHERE event_id = 'E0004'"),
+        drain(q, Handler().supporting("toy")))),
+        ("a hand edit", "illegal_edge: E0004", "a redrive of E0004 expected, found none"),
+        "run `start_3` again", (20000, 4, {"done": 4})),
+    Route(3, "redriven-but-never-processed", lambda t: three_with(
+        t, redriven_with(Handler().supporting("toy"), work=False)),
+        ("E0004 is ready: no worker has processed it yet",), "drain(q3, handler)"),
+]
+
+
+# -- exercise 4 --------------------------------------------------------------------
+
+def late(queue: Queue, lease: Lease, handler: Handler) -> Exception:
+    return caught(lambda: queue.complete(lease, handler))
+
+
+def story(tmp: Path, pick: Callable[..., tuple[Any, Any]]) -> tuple[Any, ...]:
+    """Exercise 4's story as the solution plays it; ``pick`` chooses what to check."""
+    queue, handler = exercises.start_4(tmp), Handler()
+    w1 = queue.claim()
+    queue.clock.advance(2)  # type: ignore[attr-defined]
+    w2 = queue.claim()
+    assert w1 is not None and w2 is not None
+    before = (w1, late(queue, w1, handler))
+    finish(queue, w2, handler)
+    queue.redrive("E0004")
+    newer = handler.supporting("toy")
+    w3 = queue.claim()
+    assert w3 is not None
+    after = (w1, late(queue, w1, newer))
+    w2_after = (w2, late(queue, w2, newer))
+    queue.complete(w3, newer)
+    return (queue, *pick(before, after, w2_after, w3))
+
+
+def no_takeover(tmp: Path) -> tuple[Any, ...]:
+    queue = exercises.start_4(tmp)
+    w1 = queue.claim()
+    queue.clock.advance(2)  # type: ignore[attr-defined]
+    assert w1 is not None
+    return queue, (w1, late(queue, w1, Handler())), None
+
+
+def accepted_ack(tmp: Path) -> tuple[Any, ...]:
+    queue = exercises.start_4(tmp)
+    w1 = queue.claim()
+    assert w1 is not None
+    return queue, (w1, queue.complete(w1, Handler().supporting("toy"))), None
+
+
+def lease_of_exercise_3(tmp: Path) -> Lease:
+    """E0004 claimed in another queue: exercise 3's, after its redrive."""
+    other = exercises.start_3(place(tmp, "other"))
+    other.redrive("E0004")
+    lease = other.claim()
+    assert lease is not None
+    return lease
+
+
+def hand_finished(tmp: Path) -> tuple[Any, ...]:
+    queue, handler = exercises.start_4(tmp), Handler()
+    w1 = queue.claim()
+    queue.clock.advance(2)  # type: ignore[attr-defined]
+    w2 = queue.claim()
+    assert w1 is not None and w2 is not None
+    before = (w1, late(queue, w1, handler))
+    finish(queue, w2, handler)
+    sql(queue.path, "UPDATE messages SET state = 'done', last_error = NULL",
+        "INSERT INTO effects (event_id, category, amount_cents) VALUES ('E0004', 'toy', 3000)")
+    return queue, before, before
+
+
+SOLVED_FIGURES = (3000, 1, {"done": 1})
+ROUTES += [
+    Route(4, "late-ack-without-a-takeover-claim", no_takeover,
+        ("W1's ACK was refused with lease_expired, not stale_generation",
+         "no second claim had taken E0004 over"), "let W2 claim E0004"),
+    Route(4, "pair-in-the-wrong-order", lambda t: story(
+        t, lambda b, a, w2, w3: ((b[1], b[0]), a)),
+        ("before the redrive: the pair is in the wrong order, (refusal, lease)",),
+        "write it as (w1, exc)", SOLVED_FIGURES),
+    Route(4, "w2s-refusal-after-the-redrive", lambda t: story(
+        t, lambda b, a, w2, w3: (b, w2)),
+        ("came from W2's lease (generation 2, attempt 2), and W2 did not stall",
+         "the stalled worker's: W1, generation 1"), "pair the stalled lease", SOLVED_FIGURES),
+    Route(4, "the-first-refusal-kept-twice", lambda t: story(t, lambda b, a, w2, w3: (b, b)),
+        ("after the redrive: that is the same refusal as before the redrive",),
+        "try `q4.complete(w1, newer)` once more", SOLVED_FIGURES),
+    Route(4, "a-lease-from-another-queue", lambda t: story(
+        place(t, "q4"), lambda b, a, w2, w3: (b, (lease_of_exercise_3(t), a[1]))),
+        ("that lease (E0004, generation 2, attempt 1) was not claimed in q4",),
+        "take W1's lease with `w1 = q4.claim()`", SOLVED_FIGURES),
+    Route(4, "w3s-lease-with-a-made-up-refusal", lambda t: story(t, lambda b, a, w2, w3: (
+        b, (w3, LeaseLost("stale_generation", "made up", event_id="E0004")))),
+        ("W3 did not stall: it finished E0004 itself",), "pair the stalled lease",
+        SOLVED_FIGURES),
+    Route(4, "e0004-finished-by-hand-without-a-redrive", hand_finished,
+        ("a hand edit", "expected a redrive of E0004 after W1's claim, found none"),
+        "run `start_4` again", SOLVED_FIGURES),
+    Route(4, "an-ack-in-time-accepted", accepted_ack,
+        ("W1's ACK was accepted (it returned an Effect), not refused",),
+        "let W2 claim E0004", SOLVED_FIGURES),
+]
+
+
+# -- exercise 5 --------------------------------------------------------------------
+
+def recovering_in_sql(db_path: str) -> dict[str, int]:
+    conn = sqlite3.connect(db_path)
+    try:
+        conn.execute("UPDATE messages SET state = 'dead', lease_until = NULL, "
+                     "last_error = 'lease_expired' WHERE state = 'leased'")
+        conn.commit()
+        return dict(conn.execute("SELECT event_id, attempts FROM messages WHERE state = 'dead'"))
+    finally:
+        conn.close()
+
+
+def recovering_by_a_claim(db_path: str) -> dict[str, int]:
+    Queue(db_path, lease_seconds=2).claim()  # a claim recovers expired leases
+    return sql_metric("SELECT event_id, attempts FROM messages WHERE state = 'dead'")(db_path)
+
+
+def as_rows(db_path: str) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute("SELECT event_id, attempts FROM messages WHERE state = 'dead'"
+                            ).fetchall()
+    finally:
+        conn.close()
+
+
+def metric(fn: Callable[[str], Any]) -> Callable[[Path], tuple[Any, ...]]:
+    return lambda tmp: (fn,)
+
+
+ROUTES += [
+    Route(5, "the-answer-key-called", metric(lambda p: dict(Queue(p).metrics().dead_attempts)),
+        ("your function calls into queue_core (Queue(), Queue.metrics())",
+         "Queue.metrics() is the answer key"), "write your own SELECT"),
+    Route(5, "the-audit-snapshot-read", metric(lambda p: {
+        e: m.attempts for e, m in snapshot(p).messages.items() if m.state == "dead"}),
+        ("calls into queue_core (snapshot()) instead of reading with SQL of its own",),
+        "write your own SELECT"),
+    Route(5, "a-claim-that-recovers-leases", metric(recovering_by_a_claim),
+        ("calls into queue_core (Queue(), Queue.claim())",), "write your own SELECT"),
+    Route(5, "an-update-that-recovers-leases", metric(recovering_in_sql),
+        ("on 'three silent lease expiries, not yet noticed by a claim' your function changed "
+         "the database it measures",), "only read"),
+    Route(5, "a-list-of-pairs", metric(as_rows),
+        ("your function returned a list of pairs, not a dict {event_id: attempts}",),
+        "return `dict(rows)`"),
+    Route(5, "the-generation-not-the-attempts", metric(sql_metric(
+        "SELECT event_id, generation FROM messages WHERE state = 'dead'")),
+        ("dead again", "the value of E0004 is its generation"), "count `attempts`"),
+    Route(5, "leased-counted-as-dead", metric(sql_metric(
+        "SELECT event_id, attempts FROM messages WHERE state = 'dead' OR attempts >= 3")),
+        ("not yet noticed", "it counts E0502, which is stored leased, not dead"),
+        "`WHERE state = 'dead'`"),
+    Route(5, "only-invalid-payloads", metric(sql_metric(
+        "SELECT event_id, attempts FROM messages "
+        "WHERE state = 'dead' AND last_error = 'invalid_payload'")),
+        ("three transient", "it misses E0501 (dead, last error transient_error)"),
+        "whatever its last_error"),
+    Route(5, "figures-of-its-own", metric(lambda p: {"E0501": 3, "E0502": 3}),
+        ("E0501 is not in this database at all",), "read the file"),
+    Route(5, "attempts-as-floats", metric(lambda p: {
+        e: float(a) for e, a in sql_metric("SELECT event_id, attempts FROM messages "
+                                           "WHERE state = 'dead'")(p).items()}),
+        ("attempts that are not a whole number: 1.0 for E0004",), "(int)"),
+    Route(5, "a-function-that-raises", metric(lambda p: 1 / 0),
+        ("your function raised ZeroDivisionError",), "in a cell of its own"),
+]
+
+
+# -- exercise 6 --------------------------------------------------------------------
+
+def six_with(tmp: Path, steps: list[str], *, crash_after: int = 1,
+             then: Callable[[Queue], None] = lambda q: None) -> tuple[Any, ...]:
+    queue = exercises.start_6(tmp)
+    run = exercises.run_naive_worker(queue, steps, crash_after=crash_after)
+    then(queue)
+    return queue, run
+
+
+def set_done_by_hand_with_a_run_of_another_queue(tmp: Path) -> tuple[Any, ...]:
+    _, elsewhere = six_with(place(tmp, "other"), [ACK, INSERT])
+    queue = exercises.start_6(place(tmp, "q6"))
+    sql(queue.path, "UPDATE messages SET state = 'done' WHERE event_id = 'E0003'")
+    return queue, elsewhere
+
+
+def run_then_start_again(tmp: Path) -> tuple[Any, ...]:
+    _, run = six_with(tmp, [ACK, INSERT])
+    return exercises.start_6(tmp), run
+
+
+NO_RESET = "UPDATE messages SET state = 'done' WHERE event_id = :event_id"
+ROUTES += [
+    Route(6, "set-done-by-hand-with-a-run-of-another-database",
+        set_done_by_hand_with_a_run_of_another_queue,
+        ("that run was taken on another database, not on q6's file",
+         "q6's journal holds no claim of E0003 by generation 1"), "on q6 itself",
+        (0, 0, {"done": 1})),
+    Route(6, "one-step-only", lambda t: six_with(t, [ACK]),
+        ("one step given, the ACK: the INSERT INTO effects is missing as step 2",),
+        "make step 2 `INSERT INTO effects", (0, 0, {"done": 1})),
+    Route(6, "first-natural-attempt-without-lease-reset", lambda t: six_with(t, [NO_RESET, INSERT]),
+        ("CHECK constraint lease_until_iff_leased refused it (IntegrityError)",
+         "a done row needs lease_until = NULL"), "set `lease_until = NULL`",
+        (0, 0, {"leased": 1})),
+    Route(6, "insert-before-ack", lambda t: six_with(t, [INSERT, ACK]),
+        ("the INSERT committed first", "a retry writes the effect a second time"),
+        "swap the steps", (5000, 1, {"leased": 1})),
+    Route(6, "second-step-is-no-insert", lambda t: six_with(t, [ACK, "SELECT 1"]),
+        ("without a crash write no effect", "effects expected 1, found 0"),
+        "make step 2 `INSERT INTO effects", (0, 0, {"done": 1})),
+    Route(6, "no-crash", lambda t: six_with(t, [ACK, INSERT], crash_after=0),
+        ("exit code expected 86 after step 1, found 0 after step 2",), "without crash_after",
+        (5000, 1, {"done": 1})),
+    Route(6, "insert-first-then-the-loss-made-by-hand", lambda t: six_with(
+        t, [INSERT, ACK], then=lambda q: sql(
+            q.path, "DELETE FROM effects",
+            "UPDATE messages SET state = 'done', lease_until = NULL")),
+        ("q6 is not what your run left", "a hand edit changed it after the run"),
+        "run `start_6` again", (0, 0, {"done": 1})),
+    Route(6, "an-ack-that-matches-no-row", lambda t: six_with(t, [ACK.replace(
+        ":event_id", "'E9999'"), INSERT]),
+        ("step 1 changed no row: E0003 is still leased",), "make step 1 the ACK"),
+    Route(6, "a-run-from-before-start-6-ran-again", run_then_start_again,
+        ("q6 is a fresh start: that run came before `start_6` built it again",),
+        "run the worker cell again on this q6"),
+]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=[f"{r.number}-{r.name}" for r in ROUTES])
+def test_each_wrong_route_is_refused_naming_what_is_wrong_and_what_to_do_next(
+        route: Route, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = route.play(tmp_path)
+    capsys.readouterr()
+    verdict = getattr(exercises, f"check_{route.number}")(*args)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [verdict.text]
+    assert verdict.status == NOT_QUITE, verdict.text
+    assert [said for said in route.says if said not in verdict.detail] == [], verdict.text
+    assert route.next_step in verdict.next_step, verdict.text
+    assert verdict.text.endswith(f". Next: {verdict.next_step}")
+    if route.reaches is not None:  # the money is right; the route is what is wrong
+        assert figures(args[0].path) == route.reaches
+
+
+def test_the_catalogue_holds_at_least_four_wrong_routes_for_every_exercise() -> None:
+    per_exercise = Counter(route.number for route in ROUTES)
+    assert sorted(per_exercise) == [1, 2, 3, 4, 5, 6]
+    assert min(per_exercise.values()) >= 4, per_exercise
+    assert len({(r.number, r.name) for r in ROUTES}) == len(ROUTES)
