@@ -48,17 +48,19 @@ def process_one(queue: Queue, handler: Handler) -> Outcome | None:
 
 def drain(queue: Queue, handler: Handler, *, batch_size: int = 1,
           on_outcome: Callable[[Outcome], None] | None = None,
-          stop: Callable[[], bool] | None = None) -> list[Outcome]:
+          stop: Callable[[], bool] | None = None,
+          max_messages: int | None = None) -> list[Outcome]:
     """Process every message due at the queue clock's current time.
 
     With ``batch_size`` above 1, leases are claimed and ACKed in batches
     (``claim_batch``, ``complete_batch``); each is still fenced on its own.
     ``on_outcome`` sees each outcome as soon as it is final; ``stop`` is
     asked before each claim, and ``True`` ends the loop there (every claimed
-    message has been settled by then).
+    message has been settled by then). ``max_messages`` ends the loop once
+    that many outcomes are final; no claim takes more than are left.
     """
     with queue.session():
-        return _drain(queue, handler, batch_size, on_outcome, stop or _never)
+        return _drain(queue, handler, batch_size, on_outcome, stop or _never, max_messages)
 
 
 def _never() -> bool:
@@ -67,9 +69,10 @@ def _never() -> bool:
 
 def _drain(queue: Queue, handler: Handler, batch_size: int,
            on_outcome: Callable[[Outcome], None] | None,
-           stop: Callable[[], bool]) -> list[Outcome]:
+           stop: Callable[[], bool], max_messages: int | None) -> list[Outcome]:
     outcomes: list[Outcome] = []
-    while not stop() and (leases := queue.claim_batch(batch_size)):
+    while not stop() and (room := _room(batch_size, max_messages, len(outcomes))) and \
+            (leases := queue.claim_batch(room)):
         if batch_size == 1:
             batch = [finish(queue, leases[0], handler)]
         else:
@@ -80,6 +83,11 @@ def _drain(queue: Queue, handler: Handler, batch_size: int,
                 on_outcome(outcome)
         outcomes.extend(batch)
     return outcomes
+
+
+def _room(batch_size: int, max_messages: int | None, done: int) -> int:
+    """How many messages the next claim may take."""
+    return batch_size if max_messages is None else max(0, min(batch_size, max_messages - done))
 
 
 def _settle(queue: Queue, lease: Lease, result: Effect | QueueError) -> Outcome:
