@@ -139,14 +139,17 @@ def read_status(conn: sqlite3.Connection) -> Status:
 
 def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
     """Depth by state, age of the oldest due message, expired leases not yet
-    recovered, and the attempts each dead message spent."""
+    recovered, the attempts each dead message spent, and when the next
+    message that is not due yet becomes due."""
     depth = read_status(conn).states
     oldest = conn.execute("SELECT min(available_at) FROM messages "
                           "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
+    next_due = conn.execute("SELECT min(available_at) FROM messages "
+                            "WHERE state = 'ready' AND available_at > ?", (now,)).fetchone()[0]
     expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED_SELECT}) AS expired", (now,)).fetchone()[0]
     dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
                              "WHERE state = 'dead' ORDER BY event_id"))
-    return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead)
+    return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead, next_due)
 
 
 def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list[Message]:
