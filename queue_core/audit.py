@@ -180,8 +180,9 @@ def read_journal(conn: sqlite3.Connection, event_id: str | None = None) -> list[
 def snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Read every stored fact of the queue file ``path`` in ONE read transaction.
 
-    Opens the file read-only: a snapshot never creates a file, never takes
-    the write lock and never recovers anything. ``path`` may be a
+    Opens the file read-only: a snapshot never creates a file, never
+    recovers a lease and never takes the write lock, except for SQLite's own
+    rollback of a hot journal (``storage.roll_back_hot_journal``). ``path`` may be a
     ``postgresql://`` connection string: then the read is one ``REPEATABLE
     READ READ ONLY`` transaction, one snapshot of the whole database.
     """
