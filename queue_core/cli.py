@@ -203,22 +203,22 @@ def _misplaced_global_options(argv: list[str], parser: argparse.ArgumentParser) 
     at = 0
     while at < len(argv) and argv[at] not in commands:
         at += 2 if argv[at] in GLOBAL_OPTIONS else 1  # skip an option's value: --db work
-    moved, kept, rest = [], [], iter(argv[at + 1:])
+    names, moved, kept, rest = set(), [], [], iter(argv[at + 1:])
     for token in rest:
+        name = token.split("=", 1)[0]
         if token == "--":  # what follows is no option
             kept += [token, *rest]
-        elif token in GLOBAL_OPTIONS:
-            moved += [token, *[value for value in [next(rest, None)] if value is not None]]
-        elif token.startswith(tuple(f"{name}=" for name in GLOBAL_OPTIONS)):
+        elif name in GLOBAL_OPTIONS:
+            names.add(name)
             moved.append(token)
+            if token == name and (value := next(rest, None)) is not None:
+                moved.append(value)
         else:
             kept.append(token)
     if not moved:
         return None
-    names = " and ".join(sorted({token.split("=")[0] for token in moved
-                                 if token.split("=")[0] in GLOBAL_OPTIONS}))
-    fixed = " ".join(["queue-core", *argv[:at], *moved, *argv[at:at + 1], *kept])
-    return (f"misplaced_option: {names} must come before the command "
+    fixed = " ".join(["queue-core", *argv[:at], *moved, argv[at], *kept])
+    return (f"misplaced_option: {' and '.join(sorted(names))} must come before the command "
             f"{argv[at]!r}, as in: {fixed}")
 
 

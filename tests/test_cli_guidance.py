@@ -17,7 +17,11 @@ import pytest
 
 from conftest import DATA, ROOT, snapshot
 from observe import expect, ledger, row
+from queue_core.cli import _after_work
+from queue_core.values import Metrics
 from test_cli import outcomes, run, status_json
+
+DEPTH = {"ready": 2, "leased": 1, "done": 3, "dead": 0}
 
 
 @pytest.fixture
@@ -200,3 +204,23 @@ def test_the_readme_session_prints_exactly_what_the_readme_shows(tmp_path: Path)
                                 text=True, timeout=120)
         assert (result.stdout + result.stderr).splitlines() == shown, command
     assert ledger(tmp_path / "queue.sqlite3") == expect(total=20300, effects=6, done=6, ready=18)
+
+
+@pytest.mark.parametrize("metrics, processed, limit, line", [
+    (Metrics(1000, DEPTH, 0, 0, {}), 3, 3,
+     "stopped at --max 3 (3 processed); the rest is still queued (ready 2, leased 1): "
+     "run work again to go on"),
+    (Metrics(1001, DEPTH, 0, 0, {}), 3, None,
+     "more became due at t=1001 (3 processed): run work again to take it"),
+    (Metrics(1000, DEPTH, None, 1, {}), 3, None,
+     "more became due at t=1000 (3 processed): run work again to take it"),
+    (Metrics(1000, DEPTH, None, 0, {}, next_due_at=1000 + 3 * 3600), 3, 3,
+     "nothing due at t=1000 (3 processed); 2 ready messages waiting, the next due at t=11800, "
+     "in 10800 s (about 3.0 hours)"),
+    (Metrics(1000, {**DEPTH, "ready": 0}, None, 0, {}), 0, None,
+     "nothing left to claim at t=1000 (0 processed)"),
+], ids=["limit-reached-with-more-due", "a-retry-came-due-meanwhile", "a-lease-expired-meanwhile",
+        "limit-reached-and-nothing-due", "empty"])
+def test_the_last_line_of_work_says_why_it_stopped(
+        metrics: Metrics, processed: int, limit: int | None, line: str) -> None:
+    assert _after_work(metrics, processed, limit) == line
