@@ -31,7 +31,7 @@ from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue
-from .storage import is_connection_string, open_store
+from .storage import is_connection_string, open_store, roll_back_hot_journal
 from .values import Metrics
 from .worker import drain
 
@@ -147,6 +147,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
+    if not is_connection_string(args.db):
+        # Before the file's header is checked: a writer killed during COMMIT leaves a
+        # header that counts pages not yet written, which would read as a truncated file.
+        roll_back_hot_journal(args.db)
     clock: Clock = ModelClock(args.now) if args.now is not None else _system_clock(args.db)
     queue = Queue(args.db, clock=clock, create=args.command not in READING_COMMANDS,
                   lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS))

@@ -122,11 +122,9 @@ def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
     A hot journal beside the file is rolled back first (see
     ``roll_back_hot_journal``): no read of the file can succeed before that.
     """
-    name = Path(path).resolve().as_posix()
-    if os.path.exists(f"{name}-journal"):  # only a rollback journal can be hot
-        roll_back_hot_journal(path)
-    return sqlite3.connect(f"file:{quote(name)}?mode=ro", uri=True,
-                           timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+    roll_back_hot_journal(path)
+    uri = f"file:{quote(Path(path).resolve().as_posix())}?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
 
 
 SQLITE_READONLY_ROLLBACK = 776  # a read-only connection met a hot journal
@@ -146,9 +144,12 @@ def roll_back_hot_journal(path: str | os.PathLike[str]) -> None:
     and fails (``attempt to write a readonly database``). So a reader does
     what SQLite does for every writer, holding the exclusive lock only for
     the rollback, and creates no file. Where this process may not write,
-    ``UnusableFile("hot_journal")`` says so, and nothing is touched.
+    ``UnusableFile("hot_journal")`` says so, and nothing is touched. Without a
+    ``-journal`` file beside an existing file there is nothing to do.
     """
     name = Path(path).resolve().as_posix()
+    if not (os.path.isfile(name) and os.path.exists(f"{name}-journal")):
+        return  # only a rollback journal can be hot; a missing file stays missing
     for mode in ("ro", "rw"):  # "rw" never creates a file; only SQLite's own rollback writes
         conn = sqlite3.connect(f"file:{quote(name)}?mode={mode}", uri=True,
                                timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)

@@ -100,6 +100,35 @@ def test_the_first_reader_rolls_a_hot_journal_back_to_the_last_commit(
     assert ledger(db) == expect(total=10000, effects=1, done=1, ready=3)
 
 
+def count_unwritten_pages_in_the_header(db: Path) -> None:
+    """Page 1 as a COMMIT writes it first (it writes pages in order): its header
+    counts the grown file, whose last pages the killed writer never wrote."""
+    data = bytearray(db.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    data[28:32] = (len(data) // page_size + 50).to_bytes(4, "big")
+    data[92:96] = data[24:28]  # "the size in the header is valid"
+    db.write_bytes(data)
+
+
+@pytest.mark.parametrize("command", ["status", "work"])
+def test_a_writer_killed_during_commit_is_rolled_back_not_refused_as_truncated(
+        rollback_queue: Path, command: str) -> None:
+    db = rollback_queue
+    before = kill_a_writer_mid_transaction(db)
+    count_unwritten_pages_in_the_header(db)
+
+    result = cli(db, command)
+
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert not Path(f"{db}-journal").exists()
+    if command == "status":
+        assert digest(db) == before
+        assert ledger(db) == expect(total=10000, effects=1, done=1, ready=3)
+    else:
+        assert ledger(db) == expect(total=17000, effects=3, done=3, dead=1)
+    assert findings(db) == []
+
+
 def test_without_the_rollback_the_read_only_connection_fails(rollback_queue: Path) -> None:
     """What the reading commands did before they rolled back: the failure is SQLite's."""
     db = rollback_queue
