@@ -141,14 +141,17 @@ def read_status(conn: sqlite3.Connection) -> Status:
 
 def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
     """Depth by state, age of the oldest due message, expired leases not yet
-    recovered, and the attempts each dead message spent."""
+    recovered, the attempts each dead message spent, and when the next
+    message that is not due yet becomes due."""
     depth = read_status(conn).states
     oldest = conn.execute("SELECT min(available_at) FROM messages "
                           "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
+    next_due = conn.execute("SELECT min(available_at) FROM messages "
+                            "WHERE state = 'ready' AND available_at > ?", (now,)).fetchone()[0]
     expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED}) AS expired", (now,)).fetchone()[0]
     dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
                              "WHERE state = 'dead' ORDER BY event_id"))
-    return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead)
+    return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead, next_due)
 
 
 def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list[Message]:
@@ -179,8 +182,9 @@ def read_journal(conn: sqlite3.Connection, event_id: str | None = None) -> list[
 def snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Read every stored fact of the queue file ``path`` in ONE read transaction.
 
-    Opens the file read-only: a snapshot never creates a file, never takes
-    the write lock and never recovers anything. ``path`` may be a
+    Opens the file read-only: a snapshot never creates a file, never
+    recovers a lease and never takes the write lock, except for SQLite's own
+    rollback of a hot journal (``storage.roll_back_hot_journal``). ``path`` may be a
     ``postgresql://`` connection string: then the read is one ``REPEATABLE
     READ READ ONLY`` transaction, one snapshot of the whole database.
     """

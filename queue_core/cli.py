@@ -1,9 +1,12 @@
 """The command line: ``python -m queue_core`` (or ``queue-core``).
 
-Exit status: 0 on success (``work`` included, whatever the outcomes);
-2 for refused input (a rejected batch, a message that cannot be redriven,
-bad arguments), with ``line N: CODE: explanation`` or ``CODE: explanation``
-on stderr; 1 for an operational error (a file that is not the queue's, a
+Exit status: 0 on success (``work`` included, whatever the outcomes, and
+``work --max N`` stopping with messages still queued); 2 for refused input
+(a rejected batch, a message that cannot be redriven, bad arguments), with
+``line N: CODE: explanation`` or ``CODE: explanation`` on stderr (bad
+arguments: the usage line, then ``queue-core: error: explanation``, which
+starts with ``misplaced_option:`` for ``--db``/``--now`` written after the
+command); 1 for an operational error (a file that is not the queue's, a
 missing queue for a reading command, an unusable database, output that
 cannot be written, a PostgreSQL server that went away mid-command:
 ``connection_lost``), with ``error: CODE: explanation`` on one line; 130 or 143 when
@@ -19,6 +22,7 @@ import os
 import signal
 import sqlite3
 import sys
+from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from . import __version__
@@ -27,7 +31,9 @@ from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue
+from .storage import roll_back_hot_journal
 from .stores import is_connection_string, open_store
+from .values import Metrics
 from .worker import drain
 
 DEFAULT_DB = "queue.sqlite3"
@@ -38,13 +44,15 @@ EXIT_BROKEN_PIPE = 128 + 13
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 MAX_SECONDS = 10**12  # about 31,700 years: far beyond any clock, far below 2**63
 READING_COMMANDS = ("status", "metrics")
+GLOBAL_OPTIONS = ("--db", "--now")  # each takes a value; they belong before the command
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="queue-core",
         description="A reliable queue in one SQLite file: lease, fencing generation, "
-                    "effect and ACK in one transaction.",
+                    "effect and ACK in one transaction. The options below (--db, --now) "
+                    "come before the command; each command's own options after it.",
         epilog="example: queue-core --now 1000 enqueue data/demo.jsonl")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
@@ -59,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "queue-core --now 1000 enqueue data/demo.jsonl")
     enqueue.add_argument("file", metavar="FILE",
                          help="a JSONL file: one {\"event_id\", \"payload\"} object per line")
-    work = _command(commands, "work", "process every message due now, then exit",
-                    "queue-core --now 1000 work --accept toy")
+    work = _command(commands, "work", "process every message due now (at most N with --max), "
+                    "then exit", "queue-core --now 1000 work --accept toy")
     work.add_argument("--lease-seconds", type=_positive, default=DEFAULT_LEASE_SECONDS,
                       metavar="S", help="how long each claim entitles this worker to finish "
                                         f"(default: {DEFAULT_LEASE_SECONDS})")
@@ -69,8 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: only book, pen, bag)")
     work.add_argument("--batch-size", type=_positive, default=1, metavar="K",
                       help="claim and ACK up to K messages per transaction (default: 1)")
+    work.add_argument("--max", type=_positive, default=None, metavar="N", dest="max_messages",
+                      help="process at most N messages, then stop; the rest stays queued "
+                           "(default: no limit)")
     for name, summary in (("status", "stored counts and money at one moment; recovers nothing"),
-                          ("metrics", "depth, oldest due age, expired leases, dead attempts")):
+                          ("metrics", "depth, oldest due age, next due time, expired leases, "
+                                      "dead attempts")):
         reading = _command(commands, name, summary, f"queue-core {name} --json")
         reading.add_argument("--json", action="store_true",
                              help="print one JSON object (default: aligned text)")
@@ -90,7 +102,11 @@ def _command(commands: Any, name: str, summary: str, example: str) -> argparse.A
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    misplaced = _misplaced_global_options(sys.argv[1:] if argv is None else list(argv), parser)
+    if misplaced is not None:
+        parser.error(misplaced)  # exit status 2, after the usage line
+    args = parser.parse_args(argv)
     try:
         return _run(args)
     except KeyboardInterrupt:  # Ctrl-C outside work's loop: nothing was left half-done
@@ -132,6 +148,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
+    if not is_connection_string(args.db):
+        # Before the file's header is checked: a writer killed during COMMIT leaves a
+        # header that counts pages not yet written, which would read as a truncated file.
+        roll_back_hot_journal(args.db)
     clock: Clock = ModelClock(args.now) if args.now is not None else _system_clock(args.db)
     queue = Queue(args.db, clock=clock, create=args.command not in READING_COMMANDS,
                   lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS))
@@ -139,11 +159,12 @@ def _run(args: argparse.Namespace) -> int:
         result = queue.enqueue(batch)
         _say(f"inserted {result.inserted}, duplicates {result.duplicates}")
     elif args.command == "work":
-        return _work(queue, Handler().supporting(*args.accept), args.batch_size)
+        return _work(queue, Handler().supporting(*args.accept), args.batch_size,
+                     args.max_messages)
     elif args.command == "status":
         _print_status(queue, as_json=args.json)
     elif args.command == "metrics":
-        _print_metrics(queue, as_json=args.json)
+        _print_metrics(queue, as_json=args.json, model_time=args.now is not None)
     elif args.command == "redrive":
         queue.redrive(args.event_id)
         _say(f"{args.event_id} is ready again (attempts reset, generation kept)")
@@ -180,17 +201,60 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _work(queue: Queue, handler: Handler, batch_size: int) -> int:
+def _misplaced_global_options(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
+    """The refusal for ``--db``/``--now`` written after the command (argparse
+    would only say "unrecognized arguments"), showing the command line put right."""
+    commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
+    at = 0
+    while at < len(argv) and argv[at] not in commands:
+        at += 2 if argv[at] in GLOBAL_OPTIONS else 1  # skip an option's value: --db work
+    names, moved, kept, rest = set(), [], [], iter(argv[at + 1:])
+    for token in rest:
+        name = token.split("=", 1)[0]
+        if token == "--":  # what follows is no option
+            kept += [token, *rest]
+        elif name in GLOBAL_OPTIONS:
+            names.add(name)
+            moved.append(token)
+            if token == name and (value := next(rest, None)) is not None:
+                moved.append(value)
+        else:
+            kept.append(token)
+    if not moved:
+        return None
+    fixed = " ".join(["queue-core", *argv[:at], *moved, argv[at], *kept])
+    return (f"misplaced_option: {' and '.join(sorted(names))} must come before the command "
+            f"{argv[at]!r}, as in: {fixed}")
+
+
+def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) -> int:
     """Drain; Ctrl-C or SIGTERM ends the loop once the current message is settled."""
     with _StopRequest() as stop:
         outcomes = drain(queue, handler, batch_size=batch_size, stop=stop.requested,
-                         on_outcome=lambda outcome: _say(str(outcome)))
+                         max_messages=limit, on_outcome=lambda outcome: _say(str(outcome)))
     if stop.signal is not None:
         print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
               "every finished message is committed: run work again to go on", file=sys.stderr)
         return EXIT_SIGNAL[stop.signal]
-    _say(f"nothing left to claim at t={queue.clock.now()} ({len(outcomes)} processed)")
+    _say(_after_work(queue.metrics(), len(outcomes), limit))
     return 0
+
+
+def _after_work(metrics: Metrics, processed: int, limit: int | None) -> str:
+    """The last line of ``work``: why it stopped, and what is still waiting."""
+    due = metrics.oldest_ready_age is not None or metrics.expired_leases > 0
+    if due and limit is not None and processed >= limit:
+        return (f"stopped at --max {limit} ({processed} processed); the rest is still queued "
+                f"(ready {metrics.depth['ready']}, leased {metrics.depth['leased']}): "
+                "run work again to go on")
+    if due:  # the system clock passed a retry's time after the last claim looked
+        return (f"more became due at t={metrics.at} ({processed} processed): "
+                "run work again to take it")
+    if metrics.next_due_at is not None:
+        return (f"nothing due at t={metrics.at} ({processed} processed); "
+                f"{_ready(metrics)}, the next due at t={metrics.next_due_at}, "
+                f"in {_duration(metrics.next_due_at - metrics.at)}")
+    return f"nothing left to claim at t={metrics.at} ({processed} processed)"
 
 
 class _StopRequest:
@@ -228,17 +292,53 @@ def _print_status(queue: Queue, *, as_json: bool) -> None:
     _say(f"total:   {status.total}")
 
 
-def _print_metrics(queue: Queue, *, as_json: bool) -> None:
+def _print_metrics(queue: Queue, *, as_json: bool, model_time: bool) -> None:
     metrics = queue.metrics()
-    figures = {"at": metrics.at, "depth": dict(metrics.depth),
-               "oldest_ready_age": metrics.oldest_ready_age,
-               "expired_leases": metrics.expired_leases,
-               "dead_attempts": dict(metrics.dead_attempts)}
     if as_json:
-        _say(json.dumps(figures))
+        _say(json.dumps({"at": metrics.at, "depth": dict(metrics.depth),
+                         "oldest_ready_age": metrics.oldest_ready_age,
+                         "next_due_at": metrics.next_due_at,
+                         "expired_leases": metrics.expired_leases,
+                         "dead_attempts": dict(metrics.dead_attempts)}))
         return
-    for name, value in figures.items():
-        _say(f"{name + ':':<18}{value}")
+    clock = "model time" if model_time else \
+        f"{datetime.fromtimestamp(metrics.at, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    expired = metrics.expired_leases
+    lines = {
+        "at": f"t={metrics.at} ({clock})",
+        "depth": ", ".join(f"{name} {n}" for name, n in metrics.depth.items()),
+        "oldest due": _oldest_due(metrics),
+        "expired leases": f"{expired}" + (" (past their deadline; the next claim recovers "
+                                          "them)" if expired else ""),
+        "dead attempts": ", ".join(f"{event_id} {n}" for event_id, n
+                                   in metrics.dead_attempts.items()) or "none dead",
+    }
+    for name, value in lines.items():
+        _say(f"{name + ':':<16}{value}")
+
+
+def _oldest_due(metrics: Metrics) -> str:
+    if metrics.oldest_ready_age is not None:
+        return (f"waiting {_duration(metrics.oldest_ready_age)}, "
+                f"since t={metrics.at - metrics.oldest_ready_age}")
+    if metrics.next_due_at is None:
+        return "none due, none ready"
+    return (f"none due; {_ready(metrics)}, the next due at t={metrics.next_due_at}, "
+            f"in {_duration(metrics.next_due_at - metrics.at)}")
+
+
+def _ready(metrics: Metrics) -> str:
+    ready = metrics.depth["ready"]
+    return f"{ready} ready message{'s' if ready != 1 else ''} waiting"
+
+
+def _duration(seconds: int) -> str:
+    """Seconds, with a rounded larger unit when there is one: 90061 s (about 1.0 days)."""
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600),
+                       ("minutes", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds} s (about {seconds / size:.1f} {unit})"
+    return f"{seconds} s"
 
 
 def _say(text: str) -> None:

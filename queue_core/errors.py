@@ -98,9 +98,10 @@ class UnusableFile(QueueError):
 
     ``code`` is ``not_a_queue`` (another application's database),
     ``schema_too_new``, ``not_a_database`` (not SQLite, or truncated),
-    ``no_queue_file`` (a reading command found no queue to read) or
-    ``cannot_connect`` (a PostgreSQL server that cannot be reached, or
-    refuses the credentials).
+    ``no_queue_file`` (a reading command found no queue to read),
+    ``hot_journal`` (a killed writer's journal must be rolled back, and this
+    process may not write) or ``cannot_connect`` (a PostgreSQL server that
+    cannot be reached, or refuses the credentials).
     """
 
     def __init__(self, code: str, message: str) -> None:

@@ -14,7 +14,8 @@ Rejection codes (``BatchRejected.code``):
 ``invalid_utf8``              the line is not UTF-8
 ``invalid_json``              the line is not one JSON value
 ``duplicate_key``             a key repeats inside a JSON object, at any depth
-``non_finite_number``         ``NaN``, ``Infinity``, ``-Infinity`` or an overflow
+``non_finite_number``         ``NaN``, ``Infinity``, ``-Infinity`` or a number that
+                              overflows to infinity (``1e999``), anywhere on the line
 ``nesting_too_deep``          arrays/objects nested deeper than ``MAX_DEPTH``
 ``not_an_object``             the line is not a JSON object
 ``missing_key``               ``event_id`` or ``payload`` is absent
@@ -30,6 +31,7 @@ Rejection codes (``BatchRejected.code``):
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -70,8 +72,9 @@ def canonical_json(value: Any) -> str:
     """Return the canonical text: sorted keys, no spaces, UTF-8 kept, types kept.
 
     ``1`` and ``1.0`` stay different. Raises ``ValueError`` for a non-finite
-    float and ``UnicodeEncodeError`` for a lone surrogate (checked by
-    encoding), which ``parse_batch`` turns into rejection codes.
+    float (``parse_batch`` refuses those while parsing) and
+    ``UnicodeEncodeError`` for a lone surrogate (checked by encoding), which
+    ``parse_batch`` turns into ``unencodable_string``.
     """
     text = json.dumps(value, sort_keys=True, separators=(",", ":"),
                       ensure_ascii=False, allow_nan=False)
@@ -154,11 +157,12 @@ def _parse_line(number: int, raw: bytes) -> Event:
 
 def _load_json(text: str, reject: Any) -> Any:
     try:
-        value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                           parse_float=_finite_float)
     except _DuplicateKey as exc:
         raise reject("duplicate_key", f"key {exc.args[0]!r} appears twice in one object") from None
     except _NonFinite as exc:
-        raise reject("non_finite_number", f"{exc.args[0]} is not a JSON number") from None
+        raise reject("non_finite_number", exc.args[0]) from None
     except RecursionError:
         raise reject("nesting_too_deep", f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
@@ -184,8 +188,6 @@ def _canonical_payload(payload: dict[str, Any], reject: Any) -> str:
     except UnicodeEncodeError:
         raise reject("unencodable_string",
                      "a string holds a lone surrogate, which has no UTF-8 form") from None
-    except ValueError:
-        raise reject("non_finite_number", "a number overflows to infinity") from None
     size = len(text.encode("utf-8"))
     if size > MAX_PAYLOAD_BYTES:
         raise reject("payload_too_large",
@@ -211,7 +213,18 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _no_constant(name: str) -> Any:
-    raise _NonFinite(name)
+    """Refuse ``NaN``, ``Infinity`` and ``-Infinity`` wherever they stand: Python's
+    json accepts them, JSON does not, and a database would store them as text."""
+    raise _NonFinite(f"{name} is not a JSON number")
+
+
+def _finite_float(literal: str) -> float:
+    """Parse a number with a fraction or an exponent, refusing one that overflows."""
+    value = float(literal)
+    if math.isinf(value):
+        shown = literal if len(literal) <= 40 else literal[:37] + "..."
+        raise _NonFinite(f"{shown} overflows to infinity")
+    return value
 
 
 def _depth(value: Any) -> int:

@@ -112,9 +112,55 @@ def connect(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> sqlit
 
 
 def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """Open a connection that can neither create the file nor write to it."""
+    """Open a connection that can neither create the file nor write to it.
+
+    A hot journal beside the file is rolled back first (see
+    ``roll_back_hot_journal``): no read of the file can succeed before that.
+    """
+    roll_back_hot_journal(path)
     uri = f"file:{quote(Path(path).resolve().as_posix())}?mode=ro"
     return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+
+
+SQLITE_READONLY_ROLLBACK = 776  # a read-only connection met a hot journal
+
+
+def roll_back_hot_journal(path: str | os.PathLike[str]) -> None:
+    """Roll back the transaction a killed writer left in a hot journal, or refuse.
+
+    A file switched from WAL to a rollback journal (``journal_mode=DELETE``)
+    keeps in ``-journal`` the pages a transaction is about to overwrite; a
+    writer killed before COMMIT leaves that journal *hot*, the file possibly
+    half-written. SQLite calls it hot only when no connection holds a lock
+    to write, so its writer is gone. The first connection that can write
+    and reads the file copies those pages back and deletes the journal (a
+    rollback, not a new write: the bytes become those of the last commit,
+    as every reader must see them anyway); a read-only connection cannot,
+    and fails (``attempt to write a readonly database``). So a reader does
+    what SQLite does for every writer, holding the exclusive lock only for
+    the rollback, and creates no file. Where this process may not write,
+    ``UnusableFile("hot_journal")`` says so, and nothing is touched. Without a
+    ``-journal`` file beside an existing file there is nothing to do.
+    """
+    name = Path(path).resolve().as_posix()
+    if not (os.path.isfile(name) and os.path.exists(f"{name}-journal")):
+        return  # only a rollback journal can be hot; a missing file stays missing
+    for mode in ("ro", "rw"):  # "rw" never creates a file; only SQLite's own rollback writes
+        conn = sqlite3.connect(f"file:{quote(name)}?mode={mode}", uri=True,
+                               timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return  # no hot journal (any longer): a live writer's, or rolled back just now
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != SQLITE_READONLY_ROLLBACK:
+                raise
+        finally:
+            conn.close()
+    raise UnusableFile("hot_journal", f"{os.fspath(path)}: a writer died mid-transaction and "
+                       f"left {os.path.basename(name)}-journal, which must be rolled back "
+                       "before anything can be read, and this process may not write there: "
+                       "run the same command once as a user who can write to the file and "
+                       "its folder")
 
 
 class transaction:  # noqa: N801 - used like a function: ``with transaction(conn):``

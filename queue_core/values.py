@@ -104,7 +104,10 @@ class Metrics:
     ``oldest_ready_age`` is how long the oldest due ``ready`` message has
     waited (``None`` if none is due); ``expired_leases`` are still stored as
     ``leased`` although their deadline has passed (only a claim recovers
-    them); ``dead_attempts`` maps each dead event id to the attempts it spent.
+    them); ``dead_attempts`` maps each dead event id to the attempts it spent;
+    ``next_due_at`` is the earliest ``available_at`` of a ``ready`` message
+    that is not due yet (``None`` if there is none): when a worker that found
+    nothing due would next find something.
     """
 
     at: int
@@ -112,6 +115,7 @@ class Metrics:
     oldest_ready_age: int | None
     expired_leases: int
     dead_attempts: Mapping[str, int]
+    next_due_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import sqlite3
@@ -223,9 +224,63 @@ def check_input(queue: Queue, data: bytes) -> str:
 
 
 def _independent_parse(data: bytes) -> list[tuple[str, Any]]:
+    """The events of an accepted batch, read by a strict JSON reader of its own.
+
+    Plain ``json.loads`` takes a repeated key (the last one wins) and ``NaN``,
+    ``Infinity`` or ``1e999``; then an engine that let those through would
+    pass. This reader fails the property on each of them instead.
+    """
     text = data.decode("utf-8-sig")
-    lines = [json.loads(line) for line in text.split("\n") if line.strip(" \t\r")]
+    lines = [_strict_json(line) for line in text.split("\n") if line.strip(" \t\r")]
     return [(line["event_id"], line["payload"]) for line in lines]
+
+
+def _strict_json(text: str) -> Any:
+    def no_repeat(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        assert not repeated, f"accepted a line where the key {repeated[0]!r} repeats"
+        return dict(pairs)
+
+    def no_constant(name: str) -> Any:
+        raise AssertionError(f"accepted {name}, which is no JSON number")
+
+    value = json.loads(text, object_pairs_hook=no_repeat, parse_constant=no_constant)
+    stack = [value]
+    while stack:  # an overflow parses as infinity: look for one anywhere in the line
+        item = stack.pop()
+        assert not (isinstance(item, float) and math.isinf(item)), \
+            "accepted a number that overflows to infinity"
+        stack.extend(item.values() if isinstance(item, dict) else
+                     item if isinstance(item, list) else [])
+    return value
+
+
+ORACLE_REFUSES = {
+    "repeated-envelope-key": '{"event_id": "E0001", "event_id": "E0002", "payload": {}}',
+    "repeated-key-deep-in-the-payload": '{"event_id": "E0001", "payload": {"a": [{"b": 1, "b": 1}]}}',
+    "nan-in-the-payload": '{"event_id": "E0001", "payload": {"n": NaN}}',
+    "infinity-as-event-id": '{"event_id": -Infinity, "payload": {}}',
+    "overflow-deep-in-the-payload": '{"event_id": "E0001", "payload": {"a": [[1e999]]}}',
+}
+
+
+@pytest.mark.parametrize("line", ORACLE_REFUSES.values(), ids=ORACLE_REFUSES.keys())
+def test_the_oracle_fails_the_property_on_what_plain_json_loads_lets_through(line: str) -> None:
+    assert json.loads(line) is not None  # what the oracle used to be: it takes them all
+    with pytest.raises(AssertionError, match="accepted"):
+        _independent_parse(line.encode())
+
+
+def test_the_property_catches_an_engine_that_accepts_a_repeated_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = new_queue(tmp_path)
+    data = b'{"event_id": "E0001", "payload": {"category": "pen", "category": "book"}}'
+    assert check_input(queue, data) == "duplicate_key"
+    monkeypatch.setattr(ingest, "_unique_keys", dict)  # an engine that forgot the rule
+
+    with pytest.raises(AssertionError, match="the key 'category' repeats"):
+        check_input(queue, data)
 
 
 def new_queue(folder: str | Path) -> Queue:

@@ -132,6 +132,53 @@ def test_a_bad_line_rejects_the_batch_with_its_code_and_leaves_the_database_unch
     assert ledger(db_path) == expect(total=0, effects=0, ready=4)
 
 
+# Without ``parse_constant`` and ``parse_float`` a non-finite number outside the payload
+# would still be refused, but under another code (in brackets): pinned in every position.
+NON_FINITE = {
+    "nan-as-event-id": ('{"event_id": NaN, "payload": {}}', "NaN"),  # invalid_event_id
+    "infinity-as-payload": ('{"event_id": "E0100", "payload": Infinity}',
+                            "Infinity"),  # payload_not_object
+    "minus-infinity-under-an-extra-key": ('{"event_id": "E0100", "payload": {}, "x": -Infinity}',
+                                          "-Infinity"),  # unexpected_key
+    "nan-as-the-whole-line": ("NaN", "NaN"),  # not_an_object
+    "nan-in-an-array-line": ("[1, NaN]", "NaN"),  # not_an_object
+    "nan-deep-in-the-payload": ('{"event_id": "E0100", "payload": {"a": [{"b": [NaN]}]}}', "NaN"),
+    "overflow-as-event-id": ('{"event_id": 1e999, "payload": {}}', "1e999"),  # invalid_event_id
+    "overflow-under-an-extra-key": ('{"event_id": "E0100", "payload": {}, "x": -1e999}',
+                                    "-1e999"),  # unexpected_key
+    "overflow-as-the-whole-line": ("-1.5E+400", "-1.5E+400"),  # not_an_object
+    "overflow-just-past-the-largest-double": (
+        '{"event_id": "E0100", "payload": {"n": 1.8e308}}', "1.8e308"),
+    "long-overflow-shortened-in-the-message": (
+        '{"event_id": "E0100", "payload": {"n": 1' + "0" * 400 + '.0}}', "1" + "0" * 36 + "..."),
+}
+
+
+@pytest.mark.parametrize("text, literal", NON_FINITE.values(), ids=NON_FINITE.keys())
+def test_a_non_finite_number_anywhere_on_the_line_is_refused_as_such_naming_its_literal(
+        stocked: Queue, db_path: Path, text: str, literal: str) -> None:
+    before = snapshot(db_path)
+    with pytest.raises(BatchRejected) as caught:
+        stocked.enqueue_jsonl(line("E0099") + text + "\n")
+
+    overflow = literal not in ("NaN", "Infinity", "-Infinity")
+    reason = "overflows to infinity" if overflow else "is not a JSON number"
+    assert (caught.value.code, caught.value.line) == ("non_finite_number", 2)
+    assert caught.value.message == f"{literal} {reason}"
+    assert snapshot(db_path) == before
+    assert ledger(db_path) == expect(total=0, effects=0, ready=4)
+
+
+def test_the_largest_finite_double_is_accepted_and_stored_as_written(
+        stocked: Queue, db_path: Path) -> None:
+    text = '{"event_id": "E0100", "payload": {"n": 1.7976931348623157e308, "m": -1e-999}}\n'
+
+    assert stocked.enqueue_jsonl(text) == EnqueueResult(inserted=1, duplicates=0)
+
+    assert row(db_path, "E0100")["payload"] == '{"m":-0.0,"n":1.7976931348623157e+308}'
+    assert ledger(db_path) == expect(total=0, effects=0, ready=5)
+
+
 INVALID_BYTES = {
     "lone-continuation-byte": b"\x80",
     "invalid-start-byte": b"\xff",

@@ -217,11 +217,13 @@ def test_a_marks_label_is_centred_under_its_cross_and_inside_the_axes(
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
     crosses = [line for line in ax.lines if line.get_marker() == "X"]
-    labels = [t for t in ax.texts if t.get_text() in ("stale ACK rejected",
-                                                       "a long label near the right edge")]
-    for cross, label in zip(crosses, labels):
+    labels = {t.get_text(): t for t in ax.texts if t.get_text() in (rejected.label, late.label)}
+    assert len(crosses) == 2 and set(labels) == {rejected.label, late.label}
+    for cross, drawn, lane in zip(crosses, (rejected, late), (0, 1)):  # E0001's lane, E0002's
+        label, at = labels[drawn.label], cross.get_xdata()[0]
+        assert (cross.get_ydata()[0], label.xy) == (lane, (at, lane + 0.25))  # anchored at it
         box = label.get_window_extent(renderer)
-        x = ax.transData.transform((cross.get_xdata()[0], 0))[0]
+        x = ax.transData.transform((at, 0))[0]
         assert frame.x0 <= box.x0 and box.x1 <= frame.x1
         assert box.x0 <= x <= box.x1  # the label lies right under its cross
 
