@@ -67,6 +67,7 @@ import fsyncs  # noqa: E402
 from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noqa: E402
                          PgRawCommits, QueueSize, RawCommits, Schemas, Slice, Worker)
 from bench_report import evaluate, report, summarise  # noqa: E402
+from fencing import late_acks  # noqa: E402
 from peer_safety import describe, probe_all  # noqa: E402
 from peers import PeerWorker, build_peer_cases, missing_peers  # noqa: E402
 
@@ -180,6 +181,7 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         cases: list[Case] = []
         safety: dict[str, dict[str, Any]] = {}
         pg_safety: dict[str, dict[str, Any]] = {}
+        fenced: dict[str, dict[str, Any]] = {}
         memory = None
         try:
             if schemas is not None:
@@ -200,6 +202,9 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
                 if schemas is not None:
                     pg_safety = probe_all(workdir / "safety", items, rounds, schemas=schemas)
                     check_our_safety(pg_safety["queue_core_pg"])
+                    say("a late ack, per PostgreSQL queue")
+                    fenced = late_acks(schemas)
+                    check_our_fence(fenced["queue_core_pg"])
         finally:
             for case in (*raws.values(), *cases):
                 case.close()
@@ -209,7 +214,7 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
                 schemas.close()
     results = summarise(cases, list(raws.values()), memory, safety,
                         missing_peers() if plan.peers else [])
-    results["pg_safety"] = pg_safety
+    results["pg_safety"], results["fencing"] = pg_safety, fenced
     if plan.full:
         say("counting fsyncs per message with strace")
         results["fsyncs"] = (fsyncs.count(fsync_claims=False), fsyncs.count(fsync_claims=True))
@@ -322,6 +327,13 @@ def check_our_safety(result: dict[str, Any]) -> None:
             or result["others_missing"]:
         raise CheckFailed(f"safety probe of {result.get('name', 'queue_core')}: "
                           f"{describe(result)}; {result}")
+
+
+def check_our_fence(result: dict[str, Any]) -> None:
+    """Raise ``CheckFailed`` unless our queue refused the late ACK and took the new owner's."""
+    if not result["late_ack"].startswith("refused") or result["b_ack"] != "accepted" \
+            or tuple(result["settled"]) != (1, 0):
+        raise CheckFailed(f"late ACK on queue_core_pg: {result}")
 
 
 def _rate(measured: Slice) -> float:

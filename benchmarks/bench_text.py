@@ -133,6 +133,9 @@ def safety_lines(results: dict[str, Any]) -> list[str]:
     for name, probe in probes.items():
         lines.append(f"{name:<16}{str(probe['journal_mode']):>9}{str(probe['synchronous']):>8}  "
                      + describe(probe))
+    if results.get("fencing"):
+        from fencing import report as fencing_report
+        lines += fencing_report(results["fencing"])
     lines.append("what each ack means (read from each library's source):")
     for peer in {peer["peer"]: peer for peer in results.get("peers", [])}.values():
         lines.append(f"  {peer['peer']}: {peer['ack']}")

@@ -100,6 +100,10 @@ class Adapter:
             got.append(taken[1])
         return got
 
+    def recover_stalled(self, seconds: float) -> None:
+        """Hand out again what a consumer silent for ``seconds`` holds, where the
+        library leaves that to its user (most recover on their own, in ``get``)."""
+
     def settled(self) -> tuple[int, int] | None:
         """(items acknowledged, items still stored unacknowledged), counted in the
         library's own tables; ``None`` where the benchmark does not count them."""

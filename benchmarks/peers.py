@@ -171,6 +171,11 @@ class QueueCore(Adapter):
     def ack(self, handle: Any) -> None:
         self.queue.complete(handle, self.handler)
 
+    def settled(self) -> tuple[int, int] | None:
+        from queue_core import audit
+        states = audit.snapshot(self.queue.path).status.states
+        return states["done"], states["ready"] + states["leased"]
+
     def connection(self) -> Any:
         """A connection opened as the queue opens its own (same pragmas)."""
         if self._conn is None:

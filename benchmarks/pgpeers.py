@@ -213,6 +213,14 @@ class Procrastinate(AsyncAdapter):
 
         await self.manager.finish_job(handle, Status.SUCCEEDED, delete_job=False)
 
+    def recover_stalled(self, seconds: float) -> None:
+        """Its documented recipe: retry every job of a worker whose heartbeat is older."""
+        self.run(self._recover(seconds))
+
+    async def _recover(self, seconds: float) -> None:
+        for job in await self.manager.get_stalled_jobs(seconds_since_heartbeat=seconds):
+            await self.manager.retry_job(job)
+
     def settled(self) -> tuple[int, int] | None:
         rows = self.run(self._fetch(
             "SELECT count(*) FILTER (WHERE status = 'succeeded'), "

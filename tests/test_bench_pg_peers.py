@@ -16,6 +16,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import fencing  # noqa: E402
 import peer_safety  # noqa: E402
 from bench_cases import CheckFailed  # noqa: E402
 from peers import PG_PEERS, PeerCase, PeerWorker, item_of  # noqa: E402
@@ -85,3 +86,18 @@ def test_postgres_probes_two_consumers_share_and_a_crash_is_redelivered_or_held(
     assert {name: crashed[name]["crash"] for name in names} == \
         {"queue_core_pg": "redelivered", "pgqueuer": "redelivered", "procrastinate": "held"}
     assert shared["queue_core_pg"]["synchronous"] == "on"
+
+
+def test_only_ours_refuses_a_late_ack_for_an_item_another_consumer_now_holds(
+        schemas: Schemas) -> None:
+    found = fencing.late_acks(schemas)
+
+    ours = found["queue_core_pg"]
+    assert ours["late_ack"].startswith("refused (LeaseLost") and ours["b_ack"] == "accepted"
+    assert (ours["settled_after_a"], ours["settled"]) == ((0, 1), (1, 0))
+    # pgqueuer deletes the job under its new owner; procrastinate marks it succeeded
+    # for A and then refuses B, who really holds it
+    assert found["pgqueuer"]["late_ack"] == "accepted"
+    assert found["pgqueuer"]["settled_after_a"] == (1, 0)
+    assert found["procrastinate"]["late_ack"] == "accepted"
+    assert found["procrastinate"]["b_ack"].startswith("refused")
