@@ -38,7 +38,7 @@ from typing import Any, Sequence
 from .slowdisk import DELAY_US, NoShim, ROOT, flush_calls, flush_latency, shim_env
 
 WORKLOADS = ("consume", "raw")
-LABELS = {"consume": "queue_core single-message consume (drain)", "raw": "raw single-row commit"}
+LABELS = {"consume": "consume (drain)", "raw": "raw commit"}  # messages per second of each
 
 
 @dataclass(frozen=True)
@@ -214,10 +214,10 @@ def plot_flush_curve(curve: FlushCurve, title: str = "Rate against flush latency
         cost = curve.costs[name]
         if counted:
             rates.plot(ms, [cost.rate(x / 1000) for x in ms], color=color,
-                       label=f"{LABELS[name]}: predicted")
+                       label=f"{LABELS[name]}, predicted")
         rates.plot([p.flush_s * 1000 for p in curve.points],
                    [p.rates[name] for p in curve.points], "o", color=color,
-                   label="measured" if counted else f"{LABELS[name]}: measured")
+                   label=f"{LABELS[name]}, measured")
     if counted:
         ratio.plot(ms, [curve.ratio(x / 1000) for x in ms], color="tab:purple", label="predicted")
     ratio.plot([p.flush_s * 1000 for p in curve.points], [p.ratio for p in curve.points], "o",
@@ -225,13 +225,15 @@ def plot_flush_curve(curve: FlushCurve, title: str = "Rate against flush latency
     for point in curve.points:
         ratio.annotate(point.label, (point.flush_s * 1000, point.ratio), fontsize="small",
                        textcoords="offset points", xytext=(6, -12))
+    ratio.axhline(1, color="grey", linestyle=":", label="as fast as raw commits")
     rates.set(xscale="log", yscale="log", xlabel="flush latency (ms)",
               ylabel="messages per second", title="Messages per second")
     ratio.set(xscale="log", ylim=(0, 1.1), xlabel="flush latency (ms)",
               ylabel="consume rate / raw commit rate", title="Consume against raw commits")
     for ax in (rates, ratio):
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize="small")
+        ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")  # 0.1, 1, 10
+        ax.legend(fontsize="small", loc="lower left" if ax is rates else "lower right")
     fig.suptitle(title if counted else f"{title} ({curve.skipped})")
     fig.tight_layout()
     return fig
