@@ -72,7 +72,8 @@ from peer_safety import describe, probe_all  # noqa: E402
 from peers import PeerWorker, build_peer_cases, missing_peers  # noqa: E402
 
 from queue_core.lab.postgres_server import NoPostgres, private_postgres  # noqa: E402
-from queue_core.lab.slowdisk import DELAY_US, NoShim, flush_calls, flush_latency, shim_env  # noqa: E402,E501
+from queue_core.lab.slowdisk import (DELAY_US, NoShim, flush_calls, flush_latency,  # noqa: E402
+                                     shim_env)
 
 WORKER_COUNTS = (1, 2, 4)
 

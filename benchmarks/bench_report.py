@@ -92,20 +92,21 @@ def fastest(results: dict[str, Any], store: str, durable: bool) -> dict[str, Any
     return max(chosen, key=lambda peer: peer["vs_raw"]) if chosen else None
 
 
-def _ratio(results: dict[str, Any] | None, top: str, bottom: str, key: str = "vs_raw"
-           ) -> tuple[float | None, str]:
-    if not results or top not in results.get(key, {}) or bottom not in results.get(key, {}):
-        return None, ""
-    return results[key][top] / results[key][bottom], ""
+def _ratio(results: dict[str, Any] | None, top: str, bottom: str) -> tuple[float | None, str]:
+    """One case over another, consumer side, each against its raw commits."""
+    vs_raw = (results or {}).get("vs_raw", {})
+    return (vs_raw[top] / vs_raw[bottom], "") if top in vs_raw and bottom in vs_raw else (None, "")
 
 
-def _against_peer(results: dict[str, Any] | None, ours: str, durable: bool,
-                  key: str = "vs_raw") -> tuple[float | None, str]:
-    peer = fastest(results, "sqlite", durable) if results else None
-    if peer is None or ours not in results.get(key, {}):  # type: ignore[union-attr]
+def _against_peer(results: dict[str, Any] | None, ours: str, durable: bool
+                  ) -> tuple[float | None, str]:
+    """Our case over the fastest SQLite peer of that durability, consumer side."""
+    if not results or ours not in results.get("vs_raw", {}):
         return None, ""
-    assert results is not None
-    return results[key][ours] / peer[key], f"{peer['peer']} {peer['synchronous']}"
+    peer = fastest(results, "sqlite", durable)
+    if peer is None:
+        return None, ""
+    return results["vs_raw"][ours] / peer["vs_raw"], f"{peer['peer']} {peer['synchronous']}"
 
 
 def _pg_peer(results: dict[str, Any], name: str) -> tuple[float | None, str]:
