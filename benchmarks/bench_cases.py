@@ -1,28 +1,25 @@
-"""The measured cases of ``bench.py``, its worker process and its exactly-once check.
+"""The measured cases of ``bench.py`` and its exactly-once check.
 
-Run as a script with ``--worker``, this file is the worker: a long-lived
-process that takes commands on stdin, so that a slice measures processing,
-not Python start-up.
+Our worker processes are ``bench_worker.py``'s; the peers' are ``peers.py``'s.
 """
 
 from __future__ import annotations
 
 import json
-import resource
 import sqlite3
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to us
     sys.path.insert(0, str(ROOT))
 
-from queue_core import Handler, Queue, drain, process_one  # noqa: E402
+from bench_worker import Worker  # noqa: E402
+
+from queue_core import Queue  # noqa: E402
 from queue_core import audit  # noqa: E402
 from queue_core.lab.pgcases import Schemas  # noqa: E402
 from queue_core.storage import connect, is_connection_string, transaction  # noqa: E402
@@ -38,82 +35,6 @@ def amount_of(i: int) -> int:
 
 def payload_of(i: int) -> str:
     return json.dumps({"amount_cents": amount_of(i), "category": CATEGORIES[i % 3]})
-
-
-# -- the worker process -------------------------------------------------------
-
-def worker_main() -> None:
-    """Serve commands from stdin, one JSON object a line, one reply a line.
-
-    A long-lived process, so that a slice measures processing, not Python
-    start-up. ``drain``: ``worker.drain`` with ``batch_size=k`` (k=1 is the
-    single-message path); ``batch``: ``claim_batch(k)`` + ``complete_batch``
-    until nothing is due; ``take``: ``n`` single-message claims and ACKs.
-    """
-    queues: dict[tuple[str, str], Queue] = {}
-    handler = Handler()
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        key = (cmd.get("db", ""), cmd.get("sync", "FULL"))
-        if cmd["op"] == "open":
-            queues[key] = Queue(key[0], synchronous=key[1])
-            reply: dict[str, Any] = {}
-        elif cmd["op"] == "rss":
-            reply = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-        else:
-            reply = {"kinds": _work(queues[key], handler, cmd)}
-        print(json.dumps(reply), flush=True)
-
-
-def _work(queue: Queue, handler: Handler, cmd: dict[str, Any]) -> dict[str, int]:
-    kinds: dict[str, int] = {}
-    if cmd["op"] == "drain":
-        for outcome in drain(queue, handler, batch_size=cmd["k"]):
-            kinds[outcome.kind] = kinds.get(outcome.kind, 0) + 1
-    elif cmd["op"] == "batch":
-        with queue.session():
-            while leases := queue.claim_batch(cmd["k"]):
-                for result in queue.complete_batch(leases, handler):
-                    kind = type(result).__name__
-                    kinds[kind] = kinds.get(kind, 0) + 1
-    else:
-        with queue.session():
-            for _ in range(cmd["n"]):
-                outcome = process_one(queue, handler)
-                kind = "nothing_due" if outcome is None else outcome.kind
-                kinds[kind] = kinds.get(kind, 0) + 1
-    return {"done" if kind == "Effect" else kind: n for kind, n in kinds.items()}
-
-
-class Worker:
-    """A worker process of ``script`` (this file by default), run with ``--worker``
-    and driven through its stdin and stdout, one JSON object a line each way."""
-
-    def __init__(self, script: str | Path = __file__) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(script), "--worker"], text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-    def send(self, **cmd: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def reply(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker process ended with {self.proc.wait()}")
-        return dict(json.loads(line))
-
-    def call(self, **cmd: Any) -> dict[str, Any]:
-        """``send``, then wait for the ``reply``."""
-        self.send(**cmd)
-        return self.reply()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
 
 
 # -- checks -------------------------------------------------------------------
@@ -166,6 +87,7 @@ class Slice:
     messages: int
     consume_s: float
     total_s: float
+    flushes: int | None = None  # fsync + fdatasync calls of the consumer, where the shim counts
 
 
 @dataclass
@@ -235,7 +157,7 @@ class PgRawCommits(Case):
     def __init__(self, dsn: str, n: int) -> None:
         import psycopg
 
-        super().__init__("pg_raw", "PostgreSQL raw single-row commit (its limit)",
+        super().__init__("pg_raw", "pg raw single-row commit (its limit)",
                          baseline="pg_raw")
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.conn.execute("SET synchronous_commit = on")
@@ -325,14 +247,21 @@ class BareProtocol(Case):
 
 
 class EndToEnd(Case):
-    """Enqueue a JSONL batch, then worker processes claim and complete it all."""
+    """Enqueue a slice, then worker processes claim and complete it all.
+
+    ``consume_s`` is the workers' claim + ACK (the consumer side);
+    ``total_s`` adds the enqueue (end to end). The producer either enqueues
+    each event in its own commit (``producer="single"``, as a peer's put
+    does) or the slice as JSONL batches of up to 1,000 events per commit.
+    """
 
     def __init__(self, name: str, label: str, workdir: Path, n: int, *, op: str,
                  workers: list[Worker], k: int = 1, sync: str = "FULL",
-                 schemas: Schemas | None = None) -> None:
+                 schemas: Schemas | None = None, producer: str = "batch") -> None:
         """``schemas``: each queue in a fresh PostgreSQL schema instead of a new file."""
         super().__init__(name, label, baseline="raw" if schemas is None else "pg_raw")
         self.workdir, self.n, self.op, self.k, self.sync = workdir, n, op, k, sync
+        self.producer = producer
         self.schemas = schemas
         self.workers = workers
         self.files = 0
@@ -355,16 +284,21 @@ class EndToEnd(Case):
         if self.next_id + self.n > IDS_PER_FILE:
             self._new_file()
         ids = range(self.next_id, self.next_id + self.n)
+        per_commit = 1 if self.producer == "single" else 1000
         texts = ["\n".join(json.dumps({"event_id": f"E{i:04d}", "payload": json.loads(
-            payload_of(i))}) for i in ids[start:start + 1000]) for start in range(0, self.n, 1000)]
+            payload_of(i))}) for i in ids[start:start + per_commit])
+            for start in range(0, self.n, per_commit)]
         start = time.perf_counter()
-        for text in texts:
-            self.queue.enqueue_jsonl(text)
+        with self.queue.session():
+            for text in texts:
+                self.queue.enqueue_jsonl(text)
         enqueued = time.perf_counter()
         for worker in self.workers:
             worker.send(op=self.op, db=str(self.db), sync=self.sync, k=self.k)
-        replies = [worker.reply()["kinds"] for worker in self.workers]
+        answers = [worker.reply() for worker in self.workers]
         end = time.perf_counter()
+        replies = [answer["kinds"] for answer in answers]
+        flushes = [answer["flushes"] for answer in answers]
         self.next_id += self.n
         self.money += sum(amount_of(i) for i in ids)
         done = sum(reply.get("done", 0) for reply in replies)
@@ -372,7 +306,8 @@ class EndToEnd(Case):
             raise CheckFailed(f"{self.name}: workers reported {replies} for {self.n} messages")
         assert self.keeper is not None
         self.keeper.check_exactly_once(self.next_id, self.money)
-        return Slice(self.n, end - enqueued, end - start)
+        return Slice(self.n, end - enqueued, end - start,
+                     None if None in flushes else sum(flushes))
 
     def close(self) -> None:
         if self.keeper is not None:
@@ -390,7 +325,7 @@ class QueueSize(Case):
     """
 
     def __init__(self, workdir: Path, size: int, n: int, worker: Worker) -> None:
-        super().__init__(f"size_{size}", f"single message, {size:,} queued")
+        super().__init__(f"size_{size}", f"ours, single message, {size:,} queued")
         self.db, self.size, self.n = workdir / f"size-{size}.sqlite3", size, n
         Queue(self.db)
         self.keeper = Keeper(self.db)
@@ -421,8 +356,8 @@ class QueueSize(Case):
         if self.consumed:
             self._fill(self.n)  # back to ``size`` queued before each measured slice
         start = time.perf_counter()
-        self.worker.send(op="take", db=str(self.db), sync="FULL", n=self.n)
-        kinds = self.worker.reply()["kinds"]
+        answer = self.worker.call(op="take", db=str(self.db), sync="FULL", n=self.n)
+        kinds = answer["kinds"]
         elapsed = time.perf_counter() - start
         # FIFO by (available_at, event_id): the slice took the oldest ids
         first = self.consumed
@@ -431,7 +366,7 @@ class QueueSize(Case):
         if kinds != {"done": self.n}:
             raise CheckFailed(f"{self.name}: worker reported {kinds} for {self.n} messages")
         self.keeper.check_exactly_once(self.consumed, self.money, ready=self.size - self.n)
-        return Slice(self.n, elapsed, elapsed)
+        return Slice(self.n, elapsed, elapsed, answer["flushes"])
 
     def peak_rss_after_draining(self) -> tuple[int, float]:
         """Drain everything queued (K=100) in a new worker process; return the
@@ -454,7 +389,3 @@ class QueueSize(Case):
 
     def close(self) -> None:
         self.keeper.close()
-
-
-if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
-    worker_main()

@@ -2,8 +2,8 @@
 
     python benchmarks/fsyncs.py        # prints fsyncs per message, or why not
 
-A worker process claims and ACKs ``MESSAGES`` messages one at a time under
-``strace -f -c -e trace=fsync,fdatasync``, once at the default durability
+A worker process drains ``MESSAGES`` messages one at a time (``drain``, the
+worker loop) under ``strace -f -c -e trace=fsync,fdatasync``, once at the default durability
 (claims commit without an fsync of their own) and once with
 ``fsync_claims=True``. The enqueue happens before, in this process, so only
 the worker's calls are counted. Without strace (or where ptrace is not
@@ -29,11 +29,8 @@ from queue_core import Queue  # noqa: E402
 MESSAGES = 200
 WORKER = """
 import sys
-from queue_core import Handler, Queue, process_one
-queue = Queue(sys.argv[1], fsync_claims=sys.argv[2] == "1")
-with queue.session():
-    while process_one(queue, Handler()) is not None:
-        pass
+from queue_core import Handler, Queue, drain
+drain(Queue(sys.argv[1], fsync_claims=sys.argv[2] == "1"), Handler())
 """
 
 

@@ -21,7 +21,13 @@ two consumer processes share it, or when a consumer dies. Per queue:
   delivered again (at least once), or not? If not, is it still stored
   (held: someone must release it by hand) or gone (lost)?
 * durability: the ``journal_mode`` and ``synchronous`` the consumer's
-  connection runs with, read back from it.
+  connection runs with, read back from it (on PostgreSQL: whether the
+  library's tables are WAL-logged, and ``synchronous_commit``).
+
+The PostgreSQL queues (``--postgres``: ours and ``pgpeers.py``'s) run the
+same probes, each store a fresh schema on a private server (or
+``QUEUE_CORE_PG_DSN``); the crash gives every queue that has one a
+one-second lease (pgqueuer: its heartbeat timeout).
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -42,7 +47,10 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the adapters live next to this file
     sys.path.insert(0, str(HERE))
 
-from peers import ADAPTERS, QueueCore, installed_peers, item_of  # noqa: E402
+from peers import ADAPTERS, OURS, installed_peers, item_of  # noqa: E402
+
+from queue_core.lab.pgcases import Schemas  # noqa: E402
+from queue_core.lab.postgres_server import private_postgres  # noqa: E402
 
 CRASH_EXIT_CODE = 70
 GATE_TIMEOUT_S = 30.0
@@ -58,9 +66,9 @@ def consume(spec: dict[str, Any]) -> None:
     nothing is ready; print what came. With ``crash``, die after the first
     get, before its ack."""
     adapter = ADAPTERS[spec["peer"]]
-    if adapter is QueueCore:
-        QueueCore.lease_seconds = spec.get("lease_seconds", QueueCore.lease_seconds)
-    queue = adapter(Path(spec["path"]))
+    if adapter.lease_seconds is not None and spec.get("lease_seconds"):
+        adapter.lease_seconds = spec["lease_seconds"]
+    queue = adapter(spec["path"])
     pragmas = queue.pragmas()
     if spec.get("gate"):
         gate = Path(spec["gate"])
@@ -110,31 +118,20 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any]]:
 
 # -- the probes -----------------------------------------------------------------
 
-def fresh_store(workdir: Path, name: str, label: str) -> Path:
-    path = workdir / f"safety-{name}-{label}.sqlite3"
-    for leftover in workdir.glob(f"{path.name}*"):  # a folder for persist-queue, files for others
-        if leftover.is_dir():
-            for inner in leftover.iterdir():
-                inner.unlink()
-            leftover.rmdir()
-        else:
-            leftover.unlink()
-    return path
-
-
-def enqueue(name: str, path: Path, n: int) -> None:
+def enqueue(name: str, path: str, n: int) -> None:
     queue = ADAPTERS[name](path)
     queue.put([item_of(i) for i in range(n)])
     queue.close()
 
 
-def two_consumers(name: str, workdir: Path, n: int, label: str) -> dict[str, Any]:
+def two_consumers(name: str, workdir: Path, n: int, label: str,
+                  schemas: Schemas | None = None) -> dict[str, Any]:
     """One round: two consumer processes through one gate on ``n`` items."""
-    path = fresh_store(workdir, name, label)
+    path = ADAPTERS[name].fresh(_where(name, workdir, schemas), f"{name}_{label}")
     enqueue(name, path, n)
     gate = workdir / f"gate-{name}-{label}"
     gate.mkdir()
-    procs = [start_consumer({"peer": name, "path": str(path), "gate": str(gate)})
+    procs = [start_consumer({"peer": name, "path": path, "gate": str(gate)})
              for _ in range(2)]
     try:
         _wait_for(lambda: len(list(gate.glob("ready-*"))) >= 2, "two consumers at the gate")
@@ -156,15 +153,25 @@ def two_consumers(name: str, workdir: Path, n: int, label: str) -> dict[str, Any
             "synchronous": reports[0].get("synchronous")}
 
 
-def crash_all(names: list[str], workdir: Path, n: int = 5) -> dict[str, dict[str, Any]]:
+def _where(name: str, workdir: Path, schemas: Schemas | None) -> Path | Schemas:
+    if ADAPTERS[name].store == "sqlite":
+        return workdir
+    if schemas is None:
+        raise ValueError(f"{name} runs on PostgreSQL: the probe needs a server's schemas")
+    return schemas
+
+
+def crash_all(names: list[str], workdir: Path, n: int = 5,
+              schemas: Schemas | None = None) -> dict[str, dict[str, Any]]:
     """For every queue at once: a consumer gets one item and dies before its
     ack; after one pause (longer than our queue's lease) a fresh one drains.
     The queues crash side by side, so the pause is paid once, not per queue."""
-    paths = {name: fresh_store(workdir, name, "crash") for name in names}
+    paths = {name: ADAPTERS[name].fresh(_where(name, workdir, schemas), f"{name}_crash")
+             for name in names}
     for name, path in paths.items():
         enqueue(name, path, n)
     victims = {}
-    for name, proc in [(name, start_consumer({"peer": name, "path": str(path), "crash": True,
+    for name, proc in [(name, start_consumer({"peer": name, "path": path, "crash": True,
                                               "lease_seconds": 1}))
                        for name, path in paths.items()]:
         code, first = finish(proc)
@@ -174,16 +181,17 @@ def crash_all(names: list[str], workdir: Path, n: int = 5) -> dict[str, dict[str
     time.sleep(CRASH_PAUSE_S)
     results = {}
     # The drain after the pause takes a long lease: a lease of one whole second
-    # can end a few milliseconds after a claim made late in that second.
-    for name, proc in [(name, start_consumer({"peer": name, "path": str(path),
-                                              "lease_seconds": 30}))
+    # can end a few milliseconds after a claim made late in that second. Where
+    # the reader judges staleness (pgqueuer's heartbeat timeout), it says one second.
+    for name, proc in [(name, start_consumer({"peer": name, "path": path, "lease_seconds":
+                                              1 if ADAPTERS[name].reader_judges_lease else 30}))
                        for name, path in paths.items()]:
         _, after = finish(proc)
         victim = victims[name]
         if victim in after["got"]:
             outcome = "redelivered"
         else:
-            outcome = "held" if still_stored(paths[name], victim) else "lost"
+            outcome = "held" if still_stored(name, paths[name], victim) else "lost"
         others = {f"E{i:04d}" for i in range(n)} - {victim}
         results[name] = {"crash": outcome, "victim": victim,
                          "others_missing": len(others - set(after["got"])),
@@ -191,29 +199,19 @@ def crash_all(names: list[str], workdir: Path, n: int = 5) -> dict[str, dict[str
     return results
 
 
-def still_stored(path: Path, event_id: str) -> bool:
-    """Does any row of any table of the store still mention ``event_id``?
-    (persist-queue keeps its file, ``data.db``, in a folder at ``path``.)"""
-    db = path / "data.db" if path.is_dir() else path
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+def still_stored(name: str, path: str, event_id: str) -> bool:
+    """Does the queue's store still hold ``event_id`` (held), or not (lost)?"""
+    queue = ADAPTERS[name](path)
     try:
-        tables = [row[0] for row in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
-        for table in tables:
-            columns = [row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')]
-            for column in columns:
-                if conn.execute(f'SELECT count(*) FROM "{table}" '
-                                f'WHERE CAST("{column}" AS TEXT) LIKE ?',
-                                (f"%{event_id}%",)).fetchone()[0]:
-                    return True
-        return False
+        return queue.still_stored(event_id)
     finally:
-        conn.close()
+        queue.close()
 
 
-def probe(name: str, workdir: Path, n: int = 200, rounds: int = 3) -> dict[str, Any]:
+def probe(name: str, workdir: Path, n: int = 200, rounds: int = 3,
+          schemas: Schemas | None = None) -> dict[str, Any]:
     """The two-consumer rounds for one queue (the crash is ``crash_all``'s)."""
-    runs = [two_consumers(name, workdir, n, f"r{r}") for r in range(rounds)]
+    runs = [two_consumers(name, workdir, n, f"r{r}", schemas) for r in range(rounds)]
     return {"name": name, "n": n, "rounds": runs,
             "duplicates": [run["duplicates"] for run in runs],
             "missing": [run["missing"] for run in runs],
@@ -221,12 +219,16 @@ def probe(name: str, workdir: Path, n: int = 200, rounds: int = 3) -> dict[str, 
             "journal_mode": runs[0]["journal_mode"], "synchronous": runs[0]["synchronous"]}
 
 
-def probe_all(workdir: Path, n: int = 200, rounds: int = 3,
-              names: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Every probe for every queue: ``rounds`` two-consumer rounds each, then the crash."""
-    chosen = names or [QueueCore.name, *(adapter.name for adapter in installed_peers())]
-    crashed = crash_all(chosen, workdir)
-    return {name: {**probe(name, workdir, n, rounds), **crashed[name]} for name in chosen}
+def probe_all(workdir: Path, n: int = 200, rounds: int = 3, names: list[str] | None = None,
+              schemas: Schemas | None = None) -> dict[str, dict[str, Any]]:
+    """Every probe for every queue: ``rounds`` two-consumer rounds each, then the crash.
+    By default ours and every installed peer of one store: PostgreSQL's with ``schemas``."""
+    store = "sqlite" if schemas is None else "postgres"
+    ours = [adapter.name for adapter in OURS.values() if adapter.store == store]
+    chosen = names or [*ours, *(adapter.name for adapter in installed_peers(store))]
+    crashed = crash_all(chosen, workdir, schemas=schemas)
+    return {name: {**probe(name, workdir, n, rounds, schemas), **crashed[name]}
+            for name in chosen}
 
 
 def describe(result: dict[str, Any]) -> str:
@@ -254,12 +256,17 @@ def report(results: dict[str, dict[str, Any]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(ADAPTERS)} (default: all "
-                        "installed)")
+                        "installed of the store)")
     parser.add_argument("--n", type=int, default=200, help="items per two-consumer round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--postgres", action="store_true", help="the PostgreSQL queues")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="queue-safety-") as tmp:
-        results = probe_all(Path(tmp), args.n, args.rounds, args.names or None)
+        if args.postgres:
+            with private_postgres() as server, Schemas(server, "queue_safety") as schemas:
+                results = probe_all(Path(tmp), args.n, args.rounds, args.names or None, schemas)
+        else:
+            results = probe_all(Path(tmp), args.n, args.rounds, args.names or None)
     print("\n".join(report(results)))
     return 0
 

@@ -5,8 +5,13 @@ slices as our own cases, each with its own defaults, and reads back the
 pragmas each one leaves on its connection (``journal_mode``,
 ``synchronous``), because that is what its speed buys and costs.
 
-Every peer does, per message, what our ``single`` case does end to end: put
-(our enqueue), get (our claim) and ack (our ACK). What "ack" means differs:
+Every peer does, per message, what our ``single`` case does: put (our
+enqueue, one item per commit on both sides), get (our claim) and ack (our
+ACK); the consumer side (get + ack against claim + ACK) is timed apart from
+the puts. Each runs on its own defaults and, where the library lets a
+caller set it, at ``synchronous=FULL`` too (litequeue exposes its
+connection; persist-queue and huey already run at FULL). What "ack" means
+differs:
 
 ``persist-queue`` (``persistqueue.SQLiteAckQueue``)
     ``get`` reads the next row whose status is below ``unack`` and then, in a
@@ -29,10 +34,8 @@ Every peer does, per message, what our ``single`` case does end to end: put
 None of them writes an effect in the ack's transaction, as our ACK does:
 they are measured doing less work per message, on their own pragmas.
 
-Batched variants, where the library offers one: ``litequeue`` puts a whole
-slice inside its ``transaction()`` (its get and ack have no batched form).
-``persist-queue``'s ack queue refuses ``auto_commit=False``, and huey's
-storage has no batch call, so they run single-message only.
+The PostgreSQL peers (pgqueuer, procrastinate) live in ``pgpeers.py`` and
+run through this file's worker process and case, on the benchmark's server.
 
 Run as a script with ``--worker``, this file is the peers' worker process:
 like ``bench_cases.Worker``, it takes commands on stdin so that a slice
@@ -41,8 +44,6 @@ measures the queue, not Python start-up.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import sys
 import time
@@ -53,74 +54,19 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the cases live next to this file
     sys.path.insert(0, str(HERE))
 
-from bench_cases import ROOT, Case, CheckFailed, Slice, Worker, payload_of  # noqa: E402
+from bench_cases import ROOT, Case, CheckFailed, Slice, Worker  # noqa: E402
+from peer_base import Adapter, id_of, item_of  # noqa: E402
+from pgpeers import PG_PEERS  # noqa: E402
 
-SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
-
-
-def item_of(i: int) -> str:
-    """The i-th item: an event as our JSONL carries it, as one string."""
-    return json.dumps({"event_id": f"E{i:04d}", "payload": json.loads(payload_of(i))})
-
-
-def id_of(item: str | bytes) -> str:
-    return str(json.loads(item)["event_id"])
-
-
-# -- adapters: put, get, ack and the pragmas, the same for every queue ----------
-
-class Adapter:
-    """One queue library behind put / get / ack.
-
-    ``get`` returns ``(handle, event_id)`` or ``None`` when nothing is
-    ready; ``ack(handle)`` acknowledges it. ``pragmas`` reads back
-    ``journal_mode`` and ``synchronous`` from the library's own connection.
-    """
-
-    name = ""
-    dist = ""  # the distribution on the package index
-    module = ""
-    variants: tuple[str, ...] = ("single",)
-    ack_means = ""
-
-    def __init__(self, path: Path, variant: str = "single") -> None:
-        self.path, self.variant = path, variant
-
-    @classmethod
-    def installed(cls) -> bool:
-        return importlib.util.find_spec(cls.module) is not None
-
-    @classmethod
-    def version(cls) -> str:
-        return importlib.metadata.version(cls.dist)
-
-    def put(self, items: list[str]) -> None:
-        raise NotImplementedError
-
-    def get(self) -> tuple[Any, str] | None:
-        raise NotImplementedError
-
-    def ack(self, handle: Any) -> None:
-        raise NotImplementedError
-
-    def connection(self) -> Any:
-        raise NotImplementedError
-
-    def pragmas(self) -> dict[str, str]:
-        conn = self.connection()
-        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-        sync = conn.execute("PRAGMA synchronous").fetchone()[0]
-        return {"journal_mode": str(mode).upper(), "synchronous": SYNCHRONOUS.get(sync, str(sync))}
-
-    def close(self) -> None:
-        self.connection().close()
+from queue_core.lab.pgcases import Schemas  # noqa: E402
+from queue_core.lab.slowdisk import flush_calls  # noqa: E402
 
 
 class PersistQueue(Adapter):
     name, dist, module = "persist-queue", "persist-queue", "persistqueue"
     ack_means = "ack marks the row acked (get had marked it unack in a second statement)"
 
-    def __init__(self, path: Path, variant: str = "single") -> None:
+    def __init__(self, path: Path | str, variant: str = "defaults") -> None:
         super().__init__(path, variant)
         import persistqueue
         self.empty = persistqueue.Empty
@@ -146,22 +92,19 @@ class PersistQueue(Adapter):
 
 class LiteQueue(Adapter):
     name, dist, module = "litequeue", "litequeue", "litequeue"
-    variants = ("single", "batched")
+    variants = ("FULL", "defaults")  # its default is synchronous=NORMAL
     ack_means = "done(message_id) marks the locked row done; a dead consumer's row stays locked"
 
-    def __init__(self, path: Path, variant: str = "single") -> None:
+    def __init__(self, path: Path | str, variant: str = "defaults") -> None:
         super().__init__(path, variant)
         import litequeue
         self.queue = litequeue.LiteQueue(str(path))
+        if variant == "FULL":  # its connection is public: the same durability as ours
+            self.queue.conn.execute("PRAGMA synchronous = FULL")
 
     def put(self, items: list[str]) -> None:
-        if self.variant == "batched":
-            with self.queue.transaction():
-                for item in items:
-                    self.queue.put(item)
-        else:
-            for item in items:
-                self.queue.put(item)
+        for item in items:
+            self.queue.put(item)
 
     def get(self) -> tuple[Any, str] | None:
         message = self.queue.pop()
@@ -178,7 +121,7 @@ class Huey(Adapter):
     name, dist, module = "huey", "huey", "huey"
     ack_means = "none: dequeue deletes the row, so getting an item acknowledges it"
 
-    def __init__(self, path: Path, variant: str = "single") -> None:
+    def __init__(self, path: Path | str, variant: str = "defaults") -> None:
         super().__init__(path, variant)
         from huey.storage import SqliteStorage
         self.storage = SqliteStorage(name="bench", filename=str(path))
@@ -207,14 +150,14 @@ class QueueCore(Adapter):
 
     name, dist, module = "queue_core", "queue-core", "queue_core"
     ack_means = "complete writes the effect and the ACK in one transaction, fenced by the lease"
-    lease_seconds = 30
+    lease_seconds = 30.0
 
-    def __init__(self, path: Path, variant: str = "single") -> None:
+    def __init__(self, path: Path | str, variant: str = "defaults") -> None:
         super().__init__(path, variant)
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         from queue_core import Handler, Queue
-        self.queue = Queue(path, lease_seconds=self.lease_seconds)
+        self.queue = Queue(path, lease_seconds=int(self.lease_seconds or 30))
         self.handler = Handler()
         self._conn: Any = None
 
@@ -228,6 +171,11 @@ class QueueCore(Adapter):
     def ack(self, handle: Any) -> None:
         self.queue.complete(handle, self.handler)
 
+    def settled(self) -> tuple[int, int] | None:
+        from queue_core import audit
+        states = audit.snapshot(self.queue.path).status.states
+        return states["done"], states["ready"] + states["leased"]
+
     def connection(self) -> Any:
         """A connection opened as the queue opens its own (same pragmas)."""
         if self._conn is None:
@@ -240,20 +188,39 @@ class QueueCore(Adapter):
             self._conn.close()
 
 
+class QueueCorePg(QueueCore):
+    """Ours on PostgreSQL, for the PostgreSQL peers' safety probe."""
+
+    name, store = "queue_core_pg", "postgres"
+
+    def pragmas(self) -> dict[str, str]:
+        with self.queue.session():
+            conn = self.queue.connection
+            assert conn is not None
+            sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
+        return {"journal_mode": "LOGGED", "synchronous": str(sync)}
+
+    def still_stored(self, event_id: str) -> bool:
+        from queue_core import audit
+        return audit.snapshot(self.queue.path).states().get(event_id) not in (None, "done")
+
+    def close(self) -> None:
+        """Nothing held open: each call opened and closed its own connection."""
+
+
 PEERS: dict[str, type[Adapter]] = {a.name: a for a in (PersistQueue, LiteQueue, Huey)}
-ADAPTERS: dict[str, type[Adapter]] = {**PEERS, QueueCore.name: QueueCore}
+OURS: dict[str, type[Adapter]] = {QueueCore.name: QueueCore, QueueCorePg.name: QueueCorePg}
+ADAPTERS: dict[str, type[Adapter]] = {**PEERS, **PG_PEERS, **OURS}
 
 
-def installed_peers() -> list[type[Adapter]]:
-    return [adapter for adapter in PEERS.values() if adapter.installed()]
+def installed_peers(store: str = "sqlite") -> list[type[Adapter]]:
+    every = PEERS if store == "sqlite" else PG_PEERS
+    return [adapter for adapter in every.values() if adapter.installed()]
 
 
 def missing_peers() -> list[str]:
-    return [adapter.dist for adapter in PEERS.values() if not adapter.installed()]
-
-
-def store_path(workdir: Path, name: str, variant: str) -> Path:
-    return workdir / f"peer-{name}-{variant}.sqlite3"
+    return [adapter.dist for adapter in (*PEERS.values(), *PG_PEERS.values())
+            if not adapter.installed()]
 
 
 # -- the worker process -------------------------------------------------------
@@ -263,7 +230,9 @@ def worker_main() -> None:
 
     ``open``: open a peer's queue; ``put``: put items ``first`` ..
     ``first + n - 1``; ``consume``: get and ack until ``n`` items came or
-    nothing is ready, and reply the event ids in the order they came.
+    nothing is ready, and reply the event ids in the order they came, with
+    the flushes the slow-disk shim counted meanwhile (``None`` without it);
+    ``settled``: the library's own count of acknowledged and pending items.
     """
     queues: dict[str, Adapter] = {}
     for line in sys.stdin:
@@ -271,16 +240,18 @@ def worker_main() -> None:
         key = f"{cmd['peer']}/{cmd['variant']}"
         reply: dict[str, Any] = {}
         if cmd["op"] == "open":
-            queues[key] = ADAPTERS[cmd["peer"]](Path(cmd["path"]), cmd["variant"])
+            queues[key] = ADAPTERS[cmd["peer"]](cmd["path"], cmd["variant"])
             reply = queues[key].pragmas()
         elif cmd["op"] == "put":
             queues[key].put([item_of(i) for i in range(cmd["first"], cmd["first"] + cmd["n"])])
         elif cmd["op"] == "consume":
-            queue, got = queues[key], []
-            while len(got) < cmd["n"] and (taken := queue.get()) is not None:
-                queue.ack(taken[0])
-                got.append(taken[1])
-            reply = {"got": got}
+            before = flush_calls()
+            got = queues[key].consume(cmd["n"])
+            after = flush_calls()
+            reply = {"got": got, "flushes": None if before is None or after is None
+                     else after - before}
+        elif cmd["op"] == "settled":
+            reply = {"settled": queues[key].settled()}
         print(json.dumps(reply), flush=True)
     for queue in queues.values():
         queue.close()
@@ -296,46 +267,65 @@ class PeerWorker(Worker):
 # -- the case -------------------------------------------------------------------
 
 class PeerCase(Case):
-    """Put a slice of items, then get and ack them one at a time, in the peer
-    worker process. ``consume_s`` is get + ack; ``total_s`` adds the puts.
+    """Put a slice of items (one per commit), then get and ack them one at a
+    time, in the peer worker process. ``consume_s`` is get + ack (the
+    consumer side); ``total_s`` adds the puts (end to end).
 
     After every slice: the items that came back are exactly the items put,
-    each once (one consumer, so anything else is the library's fault).
+    each once (one consumer, so anything else is the library's fault), and
+    where the library's tables can be counted (the PostgreSQL peers), they
+    hold every item put so far acknowledged once and nothing pending.
     """
 
-    def __init__(self, adapter: type[Adapter], variant: str, workdir: Path, n: int,
+    def __init__(self, adapter: type[Adapter], variant: str, where: Path | Schemas, n: int,
                  worker: PeerWorker) -> None:
-        super().__init__(f"peer_{adapter.name}_{variant}",
-                         f"{adapter.name} {variant}, put + get + ack")
+        super().__init__(f"peer_{adapter.name}_{variant}", f"{adapter.name} {variant}",
+                         baseline="raw" if adapter.store == "sqlite" else "pg_raw")
         self.peer, self.variant, self.n, self.worker = adapter.name, variant, n, worker
-        self.version = adapter.version()
-        self.ack_means = adapter.ack_means
+        self.store, self.version, self.ack_means = adapter.store, adapter.version(), adapter.ack_means
         self.next_id = 0
         self.pragmas = worker.call(op="open", peer=self.peer, variant=variant,
-                                   path=str(store_path(workdir, self.peer, variant)))
+                                   path=adapter.fresh(where, f"peer_{variant}".lower()))
 
     def slice(self) -> Slice:
         first, where = self.next_id, {"peer": self.peer, "variant": self.variant}
         start = time.perf_counter()
         self.worker.call(op="put", first=first, n=self.n, **where)
         put = time.perf_counter()
-        got = self.worker.call(op="consume", n=self.n, **where)["got"]
+        reply = self.worker.call(op="consume", n=self.n, **where)
         end = time.perf_counter()
+        got = reply["got"]
         self.next_id += self.n
         wanted = [f"E{i:04d}" for i in range(first, self.next_id)]
         if sorted(got) != wanted:
             raise CheckFailed(f"{self.name}: got {len(got)} items ({len(set(got))} distinct) "
                               f"for the {self.n} put")
-        return Slice(self.n, end - put, end - start)
+        settled = self.worker.call(op="settled", **where)["settled"]
+        if settled is not None and tuple(settled) != (self.next_id, 0):
+            raise CheckFailed(f"{self.name}: its tables count (acknowledged, pending) = "
+                              f"{tuple(settled)}, expected {(self.next_id, 0)}")
+        return Slice(self.n, end - put, end - start, reply["flushes"])
+
+    def durability(self) -> str:
+        """Its journal and synchronous setting, and whose choice that is."""
+        chosen = "its defaults" if self.variant == "defaults" else "set by bench"
+        return f"{self.pragmas['journal_mode']}, {self.pragmas['synchronous']} ({chosen})"
+
+    def fsyncs_every_commit(self) -> bool:
+        return self.pragmas["synchronous"] in ("FULL", "EXTRA", "on", "remote_apply")
 
     def info(self) -> dict[str, Any]:
         return {"peer": self.peer, "variant": self.variant, "version": self.version,
-                "ack": self.ack_means, **self.pragmas}
+                "store": self.store, "ack": self.ack_means, **self.pragmas}
 
 
-def build_peer_cases(workdir: Path, n: int, worker: PeerWorker) -> list[PeerCase]:
-    return [PeerCase(adapter, variant, workdir, n, worker)
-            for adapter in installed_peers() for variant in adapter.variants]
+def build_peer_cases(where: Path | Schemas, n: int, worker: PeerWorker,
+                     store: str = "sqlite", variants: tuple[str, ...] | None = None
+                     ) -> list[PeerCase]:
+    """A case per installed peer of ``store`` and per variant (all, or those named)."""
+    return [PeerCase(adapter, variant, where, n, worker)
+            for adapter in installed_peers(store) for variant in adapter.variants
+            if variants is None or variant in variants]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:

@@ -1,6 +1,7 @@
-"""The peer queues of ``make bench``: declared in the bench extra, installed by
-``make bench``, driven through the same put / get / ack, and our queue's
-safety probe passing."""
+"""The SQLite peer queues of ``make bench``: declared in the bench extra,
+installed by ``make setup``, driven through the same put / get / ack, and
+our queue's safety probe passing; the report's targets and exit status.
+The PostgreSQL peers are ``test_bench_pg_peers``'s."""
 
 from __future__ import annotations
 
@@ -15,17 +16,21 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench  # noqa: E402
+import bench_report  # noqa: E402
 import peer_safety  # noqa: E402
 from bench_cases import CheckFailed  # noqa: E402
-from peers import ADAPTERS, PEERS, item_of  # noqa: E402
+from peers import OURS, PEERS, PG_PEERS, item_of  # noqa: E402
 from test_setup import makefile_targets, requirement  # noqa: E402
+
+SQLITE_QUEUES = {name: adapter for name, adapter in {**PEERS, **OURS}.items()
+                 if adapter.store == "sqlite"}
 
 
 def test_the_bench_extra_pins_a_major_range_of_exactly_the_peers_measured() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     extra = dict(requirement(spec) for spec in project["optional-dependencies"]["bench"])
 
-    assert set(extra) == {adapter.dist for adapter in PEERS.values()}
+    assert set(extra) == {adapter.dist for adapter in (*PEERS.values(), *PG_PEERS.values())}
     assert all(">=" in spec and ",<" in spec for spec in extra.values()), extra
 
 
@@ -38,17 +43,16 @@ def test_the_set_up_installs_the_test_and_bench_extras_before_bench_runs() -> No
     assert "$(PY) -m pip install --quiet -e '.[test,bench]'" in recipe
 
 
-@pytest.mark.parametrize("name", list(ADAPTERS))
+@pytest.mark.parametrize("name", list(SQLITE_QUEUES))
 def test_each_queue_hands_out_what_was_put_once_then_nothing(name: str, tmp_path: Path) -> None:
-    adapter = ADAPTERS[name]
+    adapter = SQLITE_QUEUES[name]
     assert adapter.installed(), f"{adapter.dist} is missing: make test installs it (.[bench])"
     for variant in adapter.variants:
         queue = adapter(tmp_path / f"{variant}.sqlite3", variant)
         queue.put([item_of(i) for i in range(3)])
-        got = []
-        while (taken := queue.get()) is not None:
-            queue.ack(taken[0])
-            got.append(taken[1])
+        handle, first = queue.get() or (None, "")
+        queue.ack(handle)
+        got = [first, *queue.consume(5)]  # the rest, then nothing
         pragmas = queue.pragmas()
         queue.close()
 
@@ -79,8 +83,66 @@ def test_a_duplicate_or_a_lost_crash_of_ours_fails_the_run() -> None:
 def test_the_quick_run_keeps_its_keys_and_leaves_the_peers_out() -> None:
     results = bench.run(quick=True)
 
-    assert {"rates", "end_to_end", "vs_raw", "samples", "labels", "sizes", "ratios", "slices",
-            "memory", "parent_rss_mb", "raw_range"} <= set(results)
+    assert {"rates", "end_to_end", "vs_raw", "e2e_vs_raw", "samples", "labels", "sizes",
+            "durability", "producers", "targets", "slices", "memory", "parent_rss_mb",
+            "raw_range"} <= set(results)
     assert results["peers"] == [] and results["safety"] == {}
     assert not any(name.startswith("peer_") for name in results["rates"])
     assert bench.report(results)
+
+
+def test_litequeue_runs_at_its_default_normal_and_at_full_set_on_its_connection(
+        tmp_path: Path) -> None:
+    litequeue = PEERS["litequeue"]
+    found = {}
+    for variant in ("defaults", "FULL"):
+        queue = litequeue(tmp_path / f"{variant}.sqlite3", variant)
+        found[variant] = queue.pragmas()["synchronous"]
+        queue.close()
+
+    assert found == {"defaults": "NORMAL", "FULL": "FULL"}
+
+
+def results_with(vs_raw: dict[str, float], peers: list[dict], **more: object) -> dict:
+    return {"vs_raw": vs_raw, "e2e_vs_raw": dict(vs_raw), "peers": peers, **more}
+
+
+def peer(name: str, synchronous: str, vs_raw: float, store: str = "sqlite") -> dict:
+    return {"peer": name, "synchronous": synchronous, "vs_raw": vs_raw, "e2e_vs_raw": vs_raw,
+            "store": store}
+
+
+def test_each_target_compares_like_with_like_and_says_which_peer() -> None:
+    peers = [peer("slowfull", "FULL", 0.4), peer("fastfull", "FULL", 0.5),
+             peer("normal", "NORMAL", 4.0), peer("pgq", "on", 0.5, "postgres")]
+    results = results_with({"single": 0.45, "single_normal": 5.0, "batch_100": 3.0,
+                            "pg_single_1": 0.6, "pg_raw": 1.0}, peers,
+                           fsyncs=(1.07, 2.0))
+    rows = {row["name"]: row for row in bench_report.evaluate(results)}
+
+    fast = rows["SQLite single vs fastest fsyncing peer"]
+    assert (round(fast["value"], 2), fast["met"], fast["against"]) == (0.9, True, "fastfull FULL")
+    normal = rows["SQLite single NORMAL vs fastest NORMAL peer"]
+    assert (normal["value"], normal["met"], normal["against"]) == (1.25, True, "normal NORMAL")
+    assert rows["SQLite K=100 vs fastest fsyncing peer"]["met"] is False  # 6 < 8
+    fsyncs = rows["fsyncs per consumed message (strace)"]
+    assert (fsyncs["value"], fsyncs["at_least"], fsyncs["met"]) == (1.07, False, False)
+    assert rows["PostgreSQL single vs pgqueuer"]["value"] is None  # no peer of that name
+    assert rows["SQLite single vs fastest fsyncing peer, 2 ms flush"]["value"] is None
+
+
+def test_a_missed_target_still_exits_0_and_a_failed_check_exits_1(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    results = bench.run(quick=True)
+    results["fsyncs"] = (2.0, 3.0)  # far above its target of 1.05
+    monkeypatch.setattr(bench, "run", lambda **_: results)
+
+    assert bench.main([]) == 0
+    assert "fsyncs per consumed message (strace)" in capsys.readouterr().out
+
+    def broken(**_: object) -> dict:
+        raise CheckFailed("a slice found two effects for one event")
+    monkeypatch.setattr(bench, "run", broken)
+
+    assert bench.main([]) == 1
+    assert "EXACTLY-ONCE CHECK FAILED" in capsys.readouterr().out

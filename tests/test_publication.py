@@ -20,7 +20,7 @@ ALLOWED = (
     "tests/*.py",
     "notebooks/**/*.ipynb", "notebooks/*.cfg",
     "data/*.jsonl",
-    "benchmarks/*.py",
+    "benchmarks/*.py", "benchmarks/*.c",
 )
 MAX_BYTES = 2 * 1024 * 1024
 BINARY_SUFFIXES = (".sqlite3", ".sqlite", ".db", ".pyc", ".pyo", ".so", ".whl", ".zip",

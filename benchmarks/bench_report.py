@@ -1,0 +1,185 @@
+"""The figures of ``bench.py``: medians per case, the targets, and the printed report.
+
+Every ratio compares rates measured in the same run, each slice divided by
+the raw commits of its own store measured just before and just after it
+("x raw"). The consumer side (our claim + ACK through ``drain``, a peer's
+get + ack, the queue filled beforehand) is the headline; end to end adds
+the producer, whose batching each row names.
+"""
+
+from __future__ import annotations
+
+import resource
+from typing import Any, Callable
+
+from bench_cases import Case, QueueSize
+from peers import PeerCase
+
+FSYNCING = ("FULL", "EXTRA", "on", "remote_apply")  # a commit waits for the disk's flush
+
+
+def summarise(cases: list[Case], raws: list[Case], memory: tuple[int, float] | None = None,
+              safety: dict[str, dict[str, Any]] | None = None,
+              missing: list[str] | None = None) -> dict[str, Any]:
+    """Medians per case, from this run; each case against its own store's raw commits."""
+    every = [*raws, *cases]
+    vs_raw = {case.name: case.vs_raw() for case in cases}
+    e2e_vs_raw = {case.name: case.end_to_end_vs_raw() for case in cases}
+    for raw in raws:
+        vs_raw[raw.name] = e2e_vs_raw[raw.name] = 1.0
+    peers = [dict(case.info(), name=case.name, label=case.label, durability=case.durability(),
+                  rate=case.rate(), e2e=case.end_to_end(), vs_raw=vs_raw[case.name],
+                  e2e_vs_raw=e2e_vs_raw[case.name]) for case in cases if isinstance(case, PeerCase)]
+    raw = raws[0]
+    return {
+        "rates": {case.name: case.rate() for case in every},
+        "end_to_end": {case.name: case.end_to_end() for case in every},
+        "vs_raw": vs_raw,
+        "e2e_vs_raw": e2e_vs_raw,
+        "flushes": {case.name: flushes_per_message(case) for case in every},
+        "samples": {case.name: list(case.relative) for case in cases},
+        "labels": {case.name: case.label for case in every},
+        "producers": {case.name: producer(case) for case in every},
+        "durability": {case.name: durability(case) for case in every},
+        "sizes": {case.size: case.name for case in cases if isinstance(case, QueueSize)},
+        "slices": sum(len(case.slices) for case in cases),
+        "memory": memory,
+        "parent_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "raw_range": (min(map(_rate, raw.slices)), max(map(_rate, raw.slices))),
+        "peers": peers,
+        "peers_missing": missing or [],
+        "safety": safety or {},
+    }
+
+
+def flushes_per_message(case: Case) -> float | None:
+    """fsync + fdatasync calls per consumed message, where the slow-disk shim counted them."""
+    counted = [s for s in case.slices if s.flushes is not None]
+    if not counted or len(counted) < len(case.slices):
+        return None
+    return sum(s.flushes or 0 for s in counted) / sum(s.messages for s in counted)
+
+
+def producer(case: Case) -> str:
+    if isinstance(case, PeerCase) or getattr(case, "producer", "") == "single":
+        return "1 per commit"
+    return "JSONL batch" if hasattr(case, "producer") else "-"
+
+
+def durability(case: Case) -> str:
+    """What a commit of the case waits for: journal and synchronous setting."""
+    if isinstance(case, PeerCase):
+        return case.durability()
+    if case.baseline == "pg_raw":
+        return "LOGGED, on"
+    if getattr(case, "sync", "FULL") == "NORMAL":
+        return "WAL, NORMAL (option)"
+    return "WAL, FULL" if case.name == "raw" else "WAL, FULL*"
+
+
+def _rate(measured: Any) -> float:
+    return float(measured.messages / measured.consume_s)
+
+
+# -- targets --------------------------------------------------------------------
+
+def fastest(results: dict[str, Any], store: str, durable: bool) -> dict[str, Any] | None:
+    """The fastest peer of ``store`` on the consumer side: among those whose every
+    commit waits for a flush (``durable``), or those at ``synchronous=NORMAL``."""
+    chosen = [peer for peer in results.get("peers", []) if peer.get("store", "sqlite") == store
+              and ((peer["synchronous"] in FSYNCING) if durable
+                   else peer["synchronous"] == "NORMAL")]
+    return max(chosen, key=lambda peer: peer["vs_raw"]) if chosen else None
+
+
+def _ratio(results: dict[str, Any] | None, top: str, bottom: str) -> tuple[float | None, str]:
+    """One case over another, consumer side, each against its raw commits."""
+    vs_raw = (results or {}).get("vs_raw", {})
+    return (vs_raw[top] / vs_raw[bottom], "") if top in vs_raw and bottom in vs_raw else (None, "")
+
+
+def _against_peer(results: dict[str, Any] | None, ours: str, durable: bool
+                  ) -> tuple[float | None, str]:
+    """Our case over the fastest SQLite peer of that durability, consumer side."""
+    if not results or ours not in results.get("vs_raw", {}):
+        return None, ""
+    peer = fastest(results, "sqlite", durable)
+    if peer is None:
+        return None, ""
+    return results["vs_raw"][ours] / peer["vs_raw"], f"{peer['peer']} {peer['synchronous']}"
+
+
+def _pg_peer(results: dict[str, Any], name: str) -> tuple[float | None, str]:
+    peer = next((p for p in results.get("peers", []) if p["peer"] == name), None)
+    if peer is None or "pg_single_1" not in results["e2e_vs_raw"]:
+        return None, ""
+    return results["e2e_vs_raw"]["pg_single_1"] / peer["e2e_vs_raw"], f"{name} {peer['synchronous']}"
+
+
+def _fsyncs(results: dict[str, Any]) -> tuple[float | None, str]:
+    counted = results.get("fsyncs")
+    return (None, "") if not counted or counted[0] is None else (counted[0], "")
+
+
+# (name, what it compares, figure, bound, at least (True) or at most (False))
+TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str]], float,
+                    bool]] = [
+    ("SQLite single vs fastest fsyncing peer, 2 ms flush",
+     "consumer side, ours FULL* vs a peer whose every commit fsyncs, slow-disk regime",
+     lambda r: _against_peer(r.get("slow"), "single", True), 0.97, True),
+    ("SQLite single vs fastest fsyncing peer",
+     "consumer side, ours FULL* vs a peer whose every commit fsyncs, this machine's flush",
+     lambda r: _against_peer(r, "single", True), 0.8, True),
+    ("SQLite single NORMAL vs fastest NORMAL peer",
+     "consumer side, both synchronous=NORMAL (our option), this machine's flush",
+     lambda r: _against_peer(r, "single_normal", False), 1.0, True),
+    ("SQLite K=100 vs fastest fsyncing peer",
+     "consumer side, ours FULL* batches of 100 vs a peer one at a time, this machine's flush",
+     lambda r: _against_peer(r, "batch_100", True), 8.0, True),
+    ("fsyncs per consumed message (strace)",
+     "drain, one message at a time, FULL*", _fsyncs, 1.05, False),
+    ("single consume vs raw commits, 2 ms flush",
+     "consumer side, ours FULL* vs one fsynced single-row commit, slow-disk regime",
+     lambda r: _ratio(r.get("slow"), "single", "raw"), 0.95, True),
+    ("PostgreSQL single vs PostgreSQL raw commits",
+     "consumer side, synchronous_commit=on both", lambda r: _ratio(r, "pg_single_1", "pg_raw"),
+     0.4, True),
+    ("PostgreSQL single vs pgqueuer",
+     "end to end, both one job per commit, same server",
+     lambda r: _pg_peer(r, "pgqueuer"), 1.0, True),
+    ("PostgreSQL single vs procrastinate",
+     "end to end, both one job per commit, same server",
+     lambda r: _pg_peer(r, "procrastinate"), 1.0, True),
+    ("PostgreSQL 2 worker processes vs 1", "consumer side, single message",
+     lambda r: _ratio(r, "pg_single_2", "pg_single_1"), 1.8, True),
+    ("SQLite 2 worker processes vs 1", "consumer side, single message",
+     lambda r: _ratio(r, "two_workers", "single"), 0.85, True),
+    ("SQLite 100,000 queued vs 1,000", "consumer side, single message",
+     lambda r: _ratio(r, "size_100000", "size_1000"), 0.9, True),
+]
+
+
+def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target with its figure from this run (``None``: not measured here)."""
+    rows = []
+    for name, compares, figure, bound, at_least in TARGETS:
+        value, against = figure(results)
+        met = None if value is None else (value >= bound if at_least else value <= bound)
+        rows.append({"name": name, "compares": compares, "value": value, "bound": bound,
+                     "at_least": at_least, "met": met, "against": against})
+    return rows
+
+
+# -- the printed report -----------------------------------------------------------
+
+def report(results: dict[str, Any]) -> list[str]:
+    """The printed tables: each regime, the peers' safety, the targets."""
+    from bench_text import notes, regime_table, safety_lines, target_lines
+
+    lines = regime_table(results, "this machine's flush")
+    slow = results.get("slow")
+    if slow is not None:
+        lines += [""] + (regime_table(slow, "2 ms added to every flush (slow-disk shim)")
+                         if "rates" in slow else [f"slow-disk regime: skipped ({slow['skipped']})"])
+    lines += notes(results) + safety_lines(results) + target_lines(results)
+    return lines

@@ -1,0 +1,160 @@
+"""The words of ``bench.py``'s report: each regime's table, the notes, safety, targets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench_report import evaluate
+from peer_safety import describe
+
+WORKER_COUNTS = (1, 2, 4)
+MEMORY_LIMIT_MB = 150.0
+LEGEND = [
+    "consume/s = the consumer side: our claim + ACK through drain (effect and ACK in one "
+    "transaction), a peer's get + ack; the queue was filled beforehand",
+    "e2e/s = end to end: the same slice with its producer (producer: 1 per commit, or our "
+    "JSONL batch of up to 1,000 events per commit); x raw = against the raw commits of the "
+    "same store measured right around each slice",
+    "durability: journal and synchronous setting read back from each connection; FULL* = "
+    "ours: every commit a caller is told is durable is fsynced, a claim commits without an "
+    "fsync of its own",
+]
+
+
+def regime_table(results: dict[str, Any], title: str) -> list[str]:
+    """One row per case of one regime: rates, ratios, fsyncs per message where counted."""
+    rates, e2e = results["rates"], results["end_to_end"]
+    vs_raw, e2e_raw, flushes = results["vs_raw"], results["e2e_vs_raw"], results["flushes"]
+    raw_ms = 1000 / rates["raw"]
+    low, high = results["raw_range"]
+    lines = [f"regime: {title}; a raw SQLite commit took {raw_ms:.2f} ms (median), its slices "
+             f"ran from {low:.0f} to {high:.0f} commits/s",
+             f"{'case':<44}{'durability':<31}{'producer':<13}{'consume/s':>10}{'x raw':>7}"
+             f"{'e2e/s':>8}{'x raw':>7}{'fsyncs':>7}{'ours/it':>8}"]
+    peer_of = {peer["name"]: peer for peer in results.get("peers", [])}
+    for name, rate in rates.items():
+        counted = flushes.get(name)
+        theirs = ""
+        if name in peer_of:
+            ours = ours_beside(peer_of[name], vs_raw)
+            if ours in vs_raw:
+                theirs = f"{vs_raw[ours] / vs_raw[name]:.2f}"
+        lines.append(f"{results['labels'][name][:43]:<44}{results['durability'][name][:30]:<31}"
+                     f"{results['producers'][name]:<13}{rate:>10.0f}{vs_raw[name]:>7.2f}"
+                     f"{e2e[name]:>8.0f}{e2e_raw[name]:>7.2f}"
+                     f"{'' if counted is None else f'{counted:.2f}':>7}{theirs:>8}")
+    if "pg_raw" in rates:
+        lines.append(f"PostgreSQL rows: x raw = against PostgreSQL's own raw commits "
+                     f"(synchronous_commit=on; median {rates['pg_raw']:.0f} commits/s); "
+                     "ours/it = ours pg single message over the peer, consumer side")
+    return lines
+
+
+def ours_beside(peer: dict[str, Any], vs_raw: dict[str, float]) -> str:
+    """Our case at the peer's durability: single message on its store, NORMAL beside NORMAL."""
+    if peer.get("store", "sqlite") == "postgres":
+        return "pg_single_1"
+    return "single_normal" if peer["synchronous"] == "NORMAL" and "single_normal" in vs_raw \
+        else "single"
+
+
+def notes(results: dict[str, Any]) -> list[str]:
+    """What the tables mean, and the figures with no target."""
+    vs_raw = results["vs_raw"]
+    lines = ["", *LEGEND, "fsyncs = fsync + fdatasync calls per consumed message, counted by "
+             "the slow-disk shim in the consuming process; ours/it = our single message at the "
+             "peer's durability (FULL* beside FULL, NORMAL beside NORMAL) over the peer, "
+             "consumer side"]
+    lines += scaling(results)
+    shim = (results.get("slow") or {}).get("shim")
+    if shim:
+        lines.append(f"slow-disk shim: an fdatasync took {shim['flush_ms']:.2f} ms under it "
+                     f"against {shim['native_ms']:.2f} ms without (delay {shim['delay_ms']:g} ms "
+                     f"added), and it counted {shim['per_raw_commit']:.2f} flushes per raw commit")
+    if "bare" in vs_raw and "single" in vs_raw:
+        lines.append(f"for scale, no target: single-message mode reaches "
+                     f"{vs_raw['single'] / vs_raw['bare']:.2f} of the bare two-commit protocol "
+                     "(no journal, no CHECKs, no fence read), which reaches "
+                     f"{vs_raw['bare']:.2f} of the raw limit")
+    if "batch_100" in vs_raw and "single" in vs_raw:
+        lines.append(f"for scale, no target: K=100 runs {vs_raw['batch_100'] / vs_raw['single']:.1f}"
+                     "x single-message mode on the consumer side")
+    if results.get("memory") is not None:
+        messages, mb = results["memory"]
+        verdict = "ok" if mb < MEMORY_LIMIT_MB else "ABOVE LIMIT"
+        lines.append(f"peak RSS of the worker process that claimed and completed all "
+                     f"{messages:,} messages of the largest queue: {mb:.0f} MB "
+                     f"(limit {MEMORY_LIMIT_MB:.0f} MB) {verdict}; this process (it filled the "
+                     f"queues): {results['parent_rss_mb']:.0f} MB")
+    slices = results["slices"] + (results.get("slow") or {}).get("slices", 0)
+    lines.append(f"exactly-once: checked after each of {slices} slices (ours: the shared audit, "
+                 "one effect per done event, each equal to its payload, a legal journal; a peer: "
+                 "every item put came back once, and on PostgreSQL its own tables count every "
+                 "job acknowledged once and none pending)")
+    counted = results.get("fsyncs")
+    if counted is not None:
+        lines.append("fsyncs per message (strace): not counted here (strace is missing or not "
+                     "allowed)" if None in counted else
+                     f"fsyncs per message (strace, drain one at a time): {counted[0]:.2f} at the "
+                     f"default, {counted[1]:.2f} with fsync_claims=True")
+    if "single_normal" in vs_raw and "single" in vs_raw:
+        lines.append(f"explicit option, not the default: synchronous=NORMAL runs "
+                     f"{vs_raw['single_normal'] / vs_raw['single']:.1f}x the default here; in WAL "
+                     "mode it skips the fsync at each commit, so a power loss (not a process "
+                     "crash) may lose the last commits, acknowledged ones included")
+    if results.get("peers_missing"):
+        lines.append(f"peers not installed, so not compared: {', '.join(results['peers_missing'])}"
+                     " (pip install -e '.[bench]'; make bench does)")
+    return lines
+
+
+def scaling(results: dict[str, Any]) -> list[str]:
+    """Rate against worker processes, per store, as multiples of one worker."""
+    vs_raw, lines = results["vs_raw"], []
+    rows = [("SQLite, single message", ["single", "two_workers", "four_workers"]),
+            *((f"PostgreSQL, {label}", [f"pg_{name}_{n}" for n in WORKER_COUNTS])
+              for label, name in (("single message", "single"), ("K=100", "batch_100")))]
+    for label, names in rows:
+        if all(name in vs_raw for name in names):
+            lines.append(f"worker processes 1, 2, 4, {label}: " + ", ".join(
+                f"{vs_raw[name] / vs_raw[names[0]]:.2f}x" for name in names) + " of one worker")
+    return lines
+
+
+def safety_lines(results: dict[str, Any]) -> list[str]:
+    """The two-consumer and crash probes, and what each queue's ack fences."""
+    probes = {**results.get("safety", {}), **results.get("pg_safety", {})}
+    if not probes:
+        return []
+    lines = ["", "two consumer processes (dup = items delivered twice, missing = never, per "
+             "round) and a consumer killed between get and ack (crash: redelivered, held = "
+             "stored but handed out only by hand, lost); durability read back by the consumer",
+             f"{'queue':<16}{'journal':>9}{'sync':>8}  result"]
+    for name, probe in probes.items():
+        lines.append(f"{name:<16}{str(probe['journal_mode']):>9}{str(probe['synchronous']):>8}  "
+                     + describe(probe))
+    if results.get("fencing"):
+        from fencing import report as fencing_report
+        lines += fencing_report(results["fencing"])
+    lines.append("what each ack means (read from each library's source):")
+    for peer in {peer["peer"]: peer for peer in results.get("peers", [])}.values():
+        lines.append(f"  {peer['peer']}: {peer['ack']}")
+    return lines
+
+
+def target_lines(results: dict[str, Any]) -> list[str]:
+    """Every target with this run's figure and its verdict (a benchmark reports, it does not gate)."""
+    lines = ["", "targets, from this run (floors unless marked <=):",
+             f"  {'figure':<52}{'value':>7}  {'target':<9} verdict"]
+    for row in evaluate(results):
+        bound = f"{'>=' if row['at_least'] else '<='} {row['bound']:g}"
+        if row["value"] is None:
+            value, verdict = "-", "not measured in this run"
+        else:
+            value, verdict = f"{row['value']:.2f}", "ok" if row["met"] else "BELOW TARGET"
+            if not row["at_least"] and not row["met"]:
+                verdict = "ABOVE TARGET"
+        against = f"; against {row['against']}" if row["against"] else ""
+        lines.append(f"  {row['name']:<52}{value:>7}  {bound:<9} {verdict}")
+        lines.append(f"    ({row['compares']}{against})")
+    return lines

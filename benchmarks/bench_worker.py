@@ -1,0 +1,110 @@
+"""Our worker process for ``bench.py``, and the handle that drives it.
+
+Run as a script with ``--worker``, this file is the worker: a long-lived
+process that takes commands on stdin, so that a slice measures processing,
+not Python start-up. Every consuming command goes through the worker loop's
+entry point, ``drain``, except ``batch``, which speaks the batch API itself.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to us
+    sys.path.insert(0, str(ROOT))
+
+
+def worker_main() -> None:
+    """Serve commands from stdin, one JSON object a line, one reply a line.
+
+    ``drain``: ``drain`` with ``batch_size=k`` (k=1 is the single-message
+    path) until nothing is due; ``take``: ``drain`` one message at a time,
+    stopped after ``n``; ``batch``: ``claim_batch(k)`` + ``complete_batch``
+    until nothing is due. Each reply counts the outcomes by kind, and the
+    fsync + fdatasync calls the slow-disk shim counted meanwhile (``None``
+    where the shim is not loaded).
+    """
+    from queue_core import Handler, Queue
+    from queue_core.lab.slowdisk import flush_calls
+
+    queues: dict[tuple[str, str], Queue] = {}
+    handler = Handler()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        key = (cmd.get("db", ""), cmd.get("sync", "FULL"))
+        reply: dict[str, Any] = {}
+        if cmd["op"] == "open":
+            queues[key] = Queue(key[0], synchronous=key[1])
+        elif cmd["op"] == "rss":
+            reply = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        else:
+            before = flush_calls()
+            reply = {"kinds": _work(queues[key], handler, cmd)}
+            after = flush_calls()
+            reply["flushes"] = None if before is None or after is None else after - before
+        print(json.dumps(reply), flush=True)
+
+
+def _work(queue: Any, handler: Any, cmd: dict[str, Any]) -> dict[str, int]:
+    from queue_core import drain
+
+    kinds: dict[str, int] = {}
+
+    def count(kind: str) -> None:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if cmd["op"] == "drain":
+        for outcome in drain(queue, handler, batch_size=cmd["k"]):
+            count(outcome.kind)
+    elif cmd["op"] == "take":
+        taken: list[str] = []
+        drain(queue, handler, on_outcome=lambda outcome: taken.append(outcome.kind),
+              stop=lambda: len(taken) >= cmd["n"])
+        for kind in taken:
+            count(kind)
+    else:
+        with queue.session():
+            while leases := queue.claim_batch(cmd["k"]):
+                for result in queue.complete_batch(leases, handler):
+                    count("done" if type(result).__name__ == "Effect" else type(result).__name__)
+    return kinds
+
+
+class Worker:
+    """A worker process of ``script`` (this file by default), run with ``--worker``
+    and driven through its stdin and stdout, one JSON object a line each way."""
+
+    def __init__(self, script: str | Path = __file__) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(script), "--worker"], text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def send(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker process ended with {self.proc.wait()}")
+        return dict(json.loads(line))
+
+    def call(self, **cmd: Any) -> dict[str, Any]:
+        """``send``, then wait for the ``reply``."""
+        self.send(**cmd)
+        return self.reply()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    worker_main()

@@ -1,0 +1,82 @@
+"""The slow-disk shim (every fsync and fdatasync delayed and counted) and the
+flush-latency curve built on it. Where no C compiler exists the shim cannot
+be built: those tests skip with that reason; anywhere else a shim that does
+not delay or count is a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from queue_core.lab import flushcurve, slowdisk
+
+PROBE = """
+import json, os, sys, time
+from queue_core.lab.slowdisk import flush_calls
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
+before, started = flush_calls(), time.perf_counter()
+for _ in range(5):
+    os.write(fd, b"x")
+    os.fsync(fd)
+    os.fdatasync(fd)
+print(json.dumps([(time.perf_counter() - started) / 10, flush_calls() - before]))
+"""
+
+
+def shim_or_skip() -> Path:
+    try:
+        return slowdisk.shim_library()
+    except slowdisk.NoShim as exc:
+        if "no C compiler" in str(exc) or "LD_PRELOAD" in str(exc):
+            pytest.skip(str(exc))
+        raise
+
+
+def test_the_shim_delays_and_counts_every_fsync_and_fdatasync_of_a_child(tmp_path: Path) -> None:
+    shim_or_skip()
+    env = slowdisk.shim_env(3000)
+    done = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "f")], env=env,
+                          capture_output=True, text=True, check=True, timeout=60)
+    per_flush, counted = json.loads(done.stdout)
+
+    assert counted == 10
+    assert per_flush >= 0.003
+
+
+def test_without_the_shim_a_process_counts_nothing_and_is_not_delayed() -> None:
+    assert slowdisk.flush_calls() is None  # the test process was not started with it
+    assert "LD_PRELOAD" not in os.environ or "slowsync" not in os.environ["LD_PRELOAD"]
+
+
+def test_shim_env_keeps_what_was_preloaded_and_sets_the_delay() -> None:
+    shim_or_skip()
+    env = slowdisk.shim_env(0, base={"LD_PRELOAD": "/other.so", "PATH": "/bin"})
+
+    assert env["LD_PRELOAD"] == f"{slowdisk.LIBRARY} /other.so"
+    assert (env["SLOWSYNC_US"], env["PATH"]) == ("0", "/bin")
+
+
+def test_the_flush_curve_counts_one_fsync_per_message_and_meets_its_slow_point() -> None:
+    shim_or_skip()
+    curve = flushcurve.measure_flush_curve(messages=60)
+
+    consume, raw = curve.costs["consume"], curve.costs["raw"]
+    assert raw.fsyncs == 1.0
+    assert consume.fsyncs is not None and 1.0 <= consume.fsyncs <= 1.2
+    assert 0 < raw.cpu_s < consume.cpu_s < 0.05
+    fast, slow = curve.points
+    assert slow.flush_s >= 0.002 and fast.flush_s > 0  # the shim's 2 ms on top of the disk's
+    assert curve.skipped is None
+    # as the flush grows, one fsync each: the predicted ratio climbs towards 1
+    assert curve.ratio(0.0001) < curve.ratio(0.002) < curve.ratio(0.01) < 1.0
+    figure = flushcurve.plot_flush_curve(curve)
+    assert len(figure.axes) == 2
+    import matplotlib.pyplot as plt
+    plt.close(figure)
+    frame = flushcurve.flush_curve_frame(curve, latencies_ms=(1, 2))
+    assert list(frame.index) == [1, 2] and frame["consume / raw"].between(0, 1).all()
