@@ -25,7 +25,7 @@ Notebooks import these public names:
 
 from .broker import Broker, DeadLetter, LogStep, Pending, open_broker
 from .broker_consumer import ConsumerResult, collect_consumer, run_consumer
-from .broker_play import FAILURES, ORDERS, BrokerRun, play, play_poison
+from .broker_play import FAILURES, ORDERS, BrokerRun, play, play_many, play_poison
 from .broker_plots import (outcomes, plot_deliveries, plot_redelivery, plot_refusals,
                            repeat_marks, steps_frame)
 from .child import ChildResult, collect, open_gate, reap, run_child
@@ -56,10 +56,10 @@ __all__ = [
     "protocol", "reap", "run_child", "run_demo", "run_powerloss", "run_scenario", "run_stress",
     "run_sweep",
     "sweep_frame", "transitions_frame",
-    "Broker", "BrokerRun", "ConsumerResult", "DeadLetter", "FAILURES", "LogStep", "ORDERS", "Pending",
-    "collect_consumer", "open_broker", "outcomes", "play", "play_poison", "plot_deliveries",
-    "plot_redelivery", "plot_refusals", "private_redis", "repeat_marks", "run_consumer",
-    "steps_frame",
+    "Broker", "BrokerRun", "ConsumerResult", "DeadLetter", "FAILURES", "LogStep", "ORDERS",
+    "Pending", "collect_consumer", "open_broker", "outcomes", "play", "play_many", "play_poison",
+    "plot_deliveries", "plot_redelivery", "plot_refusals", "private_redis", "repeat_marks",
+    "run_consumer", "steps_frame",
 ]
 
 

@@ -19,8 +19,9 @@ happens to E0001, the same for ``naive`` and for ``inbox`` consumers:
 
 Every wait is for a fact the broker or the log reports (A has received, an
 entry has been idle ``min_idle_ms``), never a sleep, so each run takes the
-same path on any machine. ``play`` runs one; ``play_poison`` feeds one inbox
-consumer entries no retry can fix. Both return a ``BrokerRun``.
+same path on any machine. ``play`` runs one (``play_many`` several side by
+side); ``play_poison`` feeds one inbox consumer entries no retry can fix. Each
+run is a ``BrokerRun``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import json
 import os
 import subprocess
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from .. import audit
 from ..audit import Finding, Snapshot
@@ -133,6 +135,20 @@ def play(url: str, folder: str | os.PathLike[str], failure: str, keep: str, *,
         return _report(broker, db, failure, keep, moments, exits, EXPECTED)
     finally:
         broker.drop()
+
+
+def play_many(url: str, folder: str | os.PathLike[str],
+              cases: Sequence[tuple[str, str]]) -> dict[tuple[str, str], BrokerRun]:
+    """``play`` each ``(failure, keep)`` of ``cases`` side by side, in threads of this
+    process; ``{(failure, keep): run}`` in the order given.
+
+    The runs share nothing but the server: each has its own stream, consumer
+    processes and queue file, and each waits only for facts about its own
+    stream, so each takes the path it takes alone.
+    """
+    with ThreadPoolExecutor(max_workers=max(1, len(cases))) as pool:
+        futures = [pool.submit(play, url, folder, failure, keep) for failure, keep in cases]
+        return {case: future.result() for case, future in zip(cases, futures)}
 
 
 def play_poison(url: str, folder: str | os.PathLike[str]) -> BrokerRun:
