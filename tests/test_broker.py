@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -22,8 +23,8 @@ import pytest
 
 import broker_server
 from conftest import ROOT, read_back
-from queue_core.lab import (FAILURES, BrokerRun, open_broker, play, play_poison, private_redis,
-                            run_consumer)
+from queue_core.lab import (FAILURES, BrokerRun, open_broker, outcomes, play, play_many,
+                            play_poison, private_redis, repeat_marks, run_consumer)
 from queue_core.lab.broker_consumer import prepare_db
 from queue_core.lab.redis_server import URL_VARIABLE, NoRedis, connect, own_redis
 
@@ -149,6 +150,9 @@ def test_a_stalled_inbox_consumer_overtaken_stores_the_event_once_and_counts_the
     assert (run.money, run.findings, run.pending) == (17000, (), ())
     assert [t.reason for t in run.snapshot.journal if t.event_id == "E0001"] == [
         "enqueued", "claimed", "completed"]
+    # the figure's red cross: B's repeat, after E0001's last journal row (done, seq 3)
+    assert [(m.event_id, m.after_seq, m.label) for m in repeat_marks(run)] == [
+        ("E0001", 3, "delivery 2 (B): repeat, not stored")]
 
 
 # -- a consumer is killed -----------------------------------------------------------------------
@@ -196,13 +200,15 @@ def test_acknowledging_before_the_commit_loses_the_order_for_good(
         assert queue_figures(run) == (7000, 2, {"done": 2}) and run.findings == ()
 
 
-def test_a_scenario_takes_the_same_path_and_prints_the_same_text_on_a_second_run(
+def test_a_scenario_takes_the_same_path_alone_and_beside_others(
         redis_url: str, tmp_path: Path) -> None:
-    texts = []
-    for name in ("one", "two"):
-        (tmp_path / name).mkdir()
-        texts.append(str(play(redis_url, tmp_path / name, "stall", "inbox")))
-    assert texts[0] == texts[1]
+    (tmp_path / "alone").mkdir()
+    alone = str(play(redis_url, tmp_path / "alone", "stall", "inbox"))
+    side_by_side = play_many(redis_url, tmp_path, [("stall", "inbox"), ("stall", "naive"),
+                                                  ("after_commit", "inbox")])
+    texts = [alone, *map(str, side_by_side.values())]
+    assert texts[1] == texts[0]
+    assert "27000" in texts[2] and "A exited: killed (exit code 86)" in texts[3]
     assert str(tmp_path) not in texts[0]
     assert re.findall(r"\d{6,}-\d+", texts[0]) == []  # no stream id: they hold a wall-clock time
 
@@ -223,6 +229,12 @@ def test_poison_entries_are_dead_lettered_with_their_codes_and_never_redelivered
     assert run.snapshot.messages["E0002"].payload == '{"amount_cents":2000,"category":"pen"}'
     assert run.snapshot.messages["E0004"].last_error == "invalid_payload"
     assert queue_figures(run) == (12000, 2, {"done": 2, "dead": 1}) and run.findings == ()
+    assert outcomes(run) == Counter({
+        "stored, now done": 2, "stored, now dead (invalid_payload)": 1,
+        "a repeat: counted, not stored": 1, "dead-lettered: batch_conflict": 1,
+        "dead-lettered: invalid_event_id": 1, "dead-lettered: payload_not_object": 1,
+        "dead-lettered: duplicate_key": 1, "dead-lettered: invalid_json": 1,
+        "dead-lettered: missing_key": 1})
 
 
 def test_a_consumer_refuses_a_crash_point_it_does_not_have_before_a_process_starts(

@@ -18,7 +18,7 @@ and ``drop`` removes it. Besides the stream it holds three keys of its own:
                     (invalid input, a conflicting event id), moved there with
                     their code and acknowledged in one Redis transaction;
 ``<stream>:log``    what each consumer did, one entry per step (received,
-                    resumed, committed, acked, dead_lettered, exited), in the
+                    resumed, committed, acked, dead_lettered, exited, failed), in the
                     order the server saw the steps: the course's figures are
                     drawn from it, and from the queue file the consumers wrote;
 ``<stream>:gate:*`` lists a stalled consumer waits on (``BLPOP``) until
@@ -35,6 +35,7 @@ import json
 import os
 import secrets
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -143,21 +144,21 @@ class Broker:
     def publish(self, text: str) -> int:
         """Append each non-empty line of JSONL ``text`` as one entry; return how many."""
         lines = [line for line in text.splitlines() if line.strip()]
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             for line in lines:
                 client.xadd(self.stream, {FIELD: line.encode("utf-8", "surrogatepass")})
         return len(lines)
 
     def publish_entry(self, fields: Mapping[str, str | bytes]) -> None:
         """Append one entry with exactly ``fields``, as a faulty producer might."""
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             client.xadd(self.stream, dict(fields))
 
     # -- reading what is stored ------------------------------------------------------
 
     def pending(self) -> list[Pending]:
         """The pending entries list, oldest entry first."""
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             rows = client.xpending_range(self.stream, self.group, min="-", max="+", count=1000)
             places = _places(client, self.stream)
             return [Pending(places[row["message_id"]], event_id_of(_entry_text(client, self.stream,
@@ -166,7 +167,7 @@ class Broker:
 
     def log(self) -> list[LogStep]:
         """Every step the consumers logged, in the order the server saw them."""
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             places = _places(client, self.stream)
             rows = client.xrange(self.log_stream)
         return [LogStep(n, _text(f[b"consumer"]), _text(f[b"step"]), places.get(f[b"entry"], 0),
@@ -175,7 +176,7 @@ class Broker:
 
     def dead_letters(self) -> list[DeadLetter]:
         """The dead-letter stream's entries, in the order they were moved there."""
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             places = _places(client, self.stream)
             rows = client.xrange(self.dead_stream)
         return [DeadLetter(places.get(f[b"entry"], 0), _text(f[b"event"]), _text(f[b"code"]),
@@ -189,32 +190,35 @@ class Broker:
         """Add one step to the log (consumers log their own; the course notes an exit)."""
         if step not in LOG_STEPS:
             raise ValueError(f"unknown step {step!r}; known: {', '.join(LOG_STEPS)}")
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             client.xadd(self.log_stream, {"consumer": consumer, "step": step, "entry": entry,
                                           "event_id": event_id, "delivery": delivery,
                                           "detail": detail})
 
     def release(self, consumer: str) -> None:
         """Let a consumer stalled at its gate go on."""
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             client.lpush(self.gate(consumer), b"go")
 
     def wait_released(self, consumer: str) -> None:
         """Block (in the consumer) until ``release``; ``TimeoutError`` after 30 s."""
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             if client.blpop([self.gate(consumer)], timeout=WAIT_TIMEOUT_SECONDS) is None:
                 raise TimeoutError(f"{consumer} waited {WAIT_TIMEOUT_SECONDS:.0f} s for release")
 
     def wait_logged(self, consumer: str, step: str,
                     alive: Callable[[], bool] = lambda: True) -> None:
         """Wait until ``consumer`` has logged ``step`` (while ``alive()`` says it runs)."""
-        def logged() -> bool:
-            if any(s.consumer == consumer and s.step == step for s in self.log()):
-                return True
-            if not alive():
-                raise RuntimeError(f"{consumer} ended before it {step} anything")
-            return False
-        _wait(logged, f"{consumer} to log {step}")
+        wanted = {b"consumer": consumer.encode(), b"step": step.encode()}
+        with closing(self.client()) as client:
+            def logged() -> bool:
+                rows = client.xrange(self.log_stream)
+                if any(all(f.get(k) == v for k, v in wanted.items()) for _, f in rows):
+                    return True
+                if not alive():
+                    raise RuntimeError(f"{consumer} ended before it logged {step}")
+                return False
+            _wait(logged, f"{consumer} to log {step}")
 
     def wait_idle(self) -> None:
         """Wait until some pending entry has been idle ``min_idle_ms`` (real milliseconds).
@@ -222,7 +226,7 @@ class Broker:
         Waiting for the broker to say so, not sleeping for a guess, makes the
         next ``XAUTOCLAIM`` find it on any machine, however busy.
         """
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             def idle() -> bool:
                 rows = client.xpending_range(self.stream, self.group, min="-", max="+",
                                              count=1000)
@@ -231,7 +235,7 @@ class Broker:
 
     def drop(self) -> None:
         """Remove the stream, its group and every key of its own from the server."""
-        with _using(self.client()) as client:
+        with closing(self.client()) as client:
             keys = [self.stream, *client.scan_iter(match=f"{self.stream}:*", count=1000)]
             client.delete(*keys)
 
@@ -247,26 +251,12 @@ def open_broker(url: str, *, min_idle_ms: int = MIN_IDLE_MS, prefix: str = "orde
         raise ValueError(f"min_idle_ms must be a positive integer, got {min_idle_ms!r}")
     name = f"{prefix}:{os.getpid()}:{next(_counter)}:{secrets.token_hex(3)}"
     broker = Broker(url, name, GROUP, min_idle_ms)
-    with _using(broker.client()) as client:
+    with closing(broker.client()) as client:
         client.xgroup_create(name, GROUP, id="0", mkstream=True)
     return broker
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-class _using:
-    """``with`` a client, closed at the end (redis-py's own ``with`` closes it too, but
-    not on every version the course allows)."""
-
-    def __init__(self, client: "redis.Redis") -> None:
-        self.client = client
-
-    def __enter__(self) -> "redis.Redis":
-        return self.client
-
-    def __exit__(self, *exc: object) -> None:
-        self.client.close()
-
 
 def _places(client: "redis.Redis", stream: str) -> dict[bytes, int]:
     """Each entry id of ``stream`` -> its place (1, 2, ...): ids hold a wall-clock time."""
@@ -297,4 +287,4 @@ def _wait(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {WAIT_TIMEOUT_SECONDS:.0f} s for {what}")
-        time.sleep(0.001)
+        time.sleep(0.002)
