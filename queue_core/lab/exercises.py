@@ -436,7 +436,6 @@ def check_6(queue: Any, naive_run: Any = None) -> Verdict:
     return _checked(6, body)
 
 
-
 # Exercise 7 (a broker that redelivers, and the inbox) lives in its own module;
 # it starts a Redis server only when its takeover runs.
 from .exercise_inbox import TakeoverRun, check_7, run_takeover_7, start_7  # noqa: E402
