@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# test: pytest, nbval, hypothesis; bench: the peer queues that make bench
-	# compares ours with, which the unit tests exercise too
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	# compares ours with, which the unit tests exercise too; broker: a Redis
+	# client and a private Redis server (notebook 12, exercise 7)
+	$(PY) -m pip install --quiet -e '.[test,bench,broker]'
 	$(PY) -c "import matplotlib.pyplot"  # build the font cache before any notebook runs
 	touch $(STAMP)
 

@@ -384,6 +384,8 @@ def test_a_verdict_shows_no_temporary_path_and_no_memory_address(tmp_path: Path)
 # -- EXERCISES.md ----------------------------------------------------------------------
 
 EXERCISES_MD = (DATA.parent / "EXERCISES.md").read_text(encoding="utf-8")
+# every exercise has a check: EXERCISES.md must describe exactly those
+NUMBERS = sorted(int(name[6:]) for name in dir(exercises) if re.fullmatch(r"check_\d+", name))
 
 
 def anchors() -> set[str]:
@@ -397,9 +399,10 @@ def sections() -> dict[int, str]:
     return {int(part.split(":", 1)[0]): part for part in parts}
 
 
-def test_exercises_md_has_six_exercises_each_with_goal_why_start_hints_and_solved() -> None:
+def test_exercises_md_has_a_section_per_check_each_with_goal_why_start_hints_and_solved() -> None:
     found = sections()
-    assert sorted(found) == [1, 2, 3, 4, 5, 6]
+    assert NUMBERS == list(range(1, len(NUMBERS) + 1)) and len(NUMBERS) >= 7
+    assert sorted(found) == NUMBERS
     for number, text in found.items():
         for part in ("Goal.", "Why it matters.", "Where to start.", "Solved means:"):
             assert f"**{part}**" in text, (number, part)
@@ -409,7 +412,7 @@ def test_exercises_md_has_six_exercises_each_with_goal_why_start_hints_and_solve
 
 
 def test_each_exercise_heading_has_an_explicit_anchor_right_before_it() -> None:
-    for number in range(1, 7):
+    for number in NUMBERS:
         assert re.search(rf'<a id="exercise-{number}"></a>\n(<a id="[^"]+"></a>\n)*\n'
                          rf"## Exercise {number}:", EXERCISES_MD), number
 
@@ -422,7 +425,7 @@ def test_every_link_to_an_exercise_lands_on_an_explicit_anchor() -> None:
     links = {match for text in texts
              for match in re.findall(r"EXERCISES\.md#([A-Za-z0-9_-]+)", text)}
     links |= set(re.findall(r"\]\(#([A-Za-z0-9_-]+)\)", EXERCISES_MD))
-    assert {f"exercise-{n}" for n in range(1, 7)} <= links
+    assert {f"exercise-{n}" for n in NUMBERS} <= links
     assert sorted(links - anchors()) == []
 
 

@@ -8,22 +8,32 @@ protocols kept as contrasts (``contrasts``), a handler with injected faults
 sweep (``sweep``), the power-loss sweep (``powerloss``, ``wal``), the
 schedule explorer (``explore``, ``schedule``), the stress run (``stress``),
 throughput against worker processes (``scaling``), a PostgreSQL server of
-its own and a fresh schema per run (``postgres_server``, ``pgcases``), the
-exercises and their checks (``exercises``, ``exercise_setup``) and the
-pictures (``plots``, ``plots_workers``).
+its own and a fresh schema per run (``postgres_server``, ``pgcases``), a
+Redis broker beside the queue with consumer processes that crash or stall
+on purpose (``redis_server``, ``broker``, ``broker_consumer``,
+``broker_play``, ``broker_plots``), the exercises and their checks
+(``exercises``, ``exercise_setup``, ``exercise_inbox``) and the pictures
+(``plots``, ``plots_workers``).
 
-Importing the lab imports neither pandas, matplotlib nor psycopg; a plot
-imports the first two when it is drawn, ``DatabaseClock`` the third when it
-is first named. Notebooks import these public names:
+Importing the lab imports neither pandas, matplotlib, psycopg nor redis; a
+plot imports the first two when it is drawn, ``DatabaseClock`` the third when
+it is first named, a broker the fourth when it first talks to its server.
+Notebooks import these public names:
 
     from queue_core.lab import run_child, plot_timeline, transitions_frame
 """
 
+from .broker import Broker, DeadLetter, LogStep, Pending, open_broker
+from .broker_consumer import ConsumerResult, collect_consumer, run_consumer
+from .broker_play import FAILURES, ORDERS, BrokerRun, play, play_many, play_poison
+from .broker_plots import (outcomes, plot_deliveries, plot_redelivery, plot_refusals,
+                           repeat_marks, steps_frame)
 from .child import ChildResult, collect, open_gate, reap, run_child
 from .contrasts import PROTOCOLS, REAL, Protocol, protocol
 from .demo import DemoReport, play_scenario, run_demo, run_scenario
 from .faults import FlakyHandler
 from .postgres_server import fresh_schema, private_postgres
+from .redis_server import private_redis
 from .scaling import ScalingRow, measure_scaling, plot_scaling, scaling_frame
 from .powerloss import PowerLossReport, plot_powerloss, powerloss_frame, run_powerloss
 from .explore import Exploration, explore, plot_state_space, replay
@@ -46,6 +56,10 @@ __all__ = [
     "protocol", "reap", "run_child", "run_demo", "run_powerloss", "run_scenario", "run_stress",
     "run_sweep",
     "sweep_frame", "transitions_frame",
+    "Broker", "BrokerRun", "ConsumerResult", "DeadLetter", "FAILURES", "LogStep", "ORDERS",
+    "Pending", "collect_consumer", "open_broker", "outcomes", "play", "play_many", "play_poison",
+    "plot_deliveries", "plot_redelivery", "plot_refusals", "private_redis", "repeat_marks",
+    "run_consumer", "steps_frame",
 ]
 
 
