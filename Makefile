@@ -30,12 +30,23 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import matplotlib.pyplot"  # build the font cache before any notebook runs
 	touch $(STAMP)
 
+# JupyterLab's own default for this environment: notebook windowing 'defer'.
+# With its built-in default ('contentVisibility'), a link into a notebook
+# (`00_overview.ipynb#cell-id=summary-card`) scrolls while the cells above the
+# target still have estimated heights, and lands a screen or more short once
+# they are drawn. A learner's own setting still wins over this default.
+LAB_DEFAULTS := $(VENV)/share/jupyter/lab/settings/overrides.d/queue-course.json
+
+$(LAB_DEFAULTS): $(STAMP) Makefile
+	mkdir -p $(dir $@)
+	echo '{"@jupyterlab/notebook-extension:tracker": {"windowingMode": "defer"}}' > $@
+
 # JupyterLab refuses to start as root unless told; containers often run as root.
 AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-setup: $(STAMP)
+setup: $(STAMP) $(LAB_DEFAULTS)
 
-course: $(STAMP)
+course: $(STAMP) $(LAB_DEFAULTS)
 	$(PY) -m jupyter lab $(AS_ROOT) notebooks/00_overview.ipynb
 
 test: unit nbval
