@@ -358,6 +358,7 @@ def main(argv: list[str]) -> int:
     started, before, report = time.monotonic(), course_files(), Report()
     marker = secrets.token_hex(8)
     os.environ[lab_server.MARKER_VARIABLE] = marker  # Playwright's driver and Chromium inherit it
+    lab_server.adopt_orphans()
     with tempfile.TemporaryDirectory(prefix="labcheck-") as tmp:
         lab = lab_server.start(ROOT, Path(tmp), marker)
         try:
@@ -369,6 +370,7 @@ def main(argv: list[str]) -> int:
             for pid, command in lab_server.stop_leftovers(marker):
                 report.fail(f"process {pid} was still running after the check and was stopped: "
                             f"{command}")
+            lab_server.reap()
     if report.outside:
         report.fail(f"{len(report.outside)} requests to elsewhere than 127.0.0.1, "
                     f"first {report.outside[0]}")

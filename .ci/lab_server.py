@@ -162,8 +162,14 @@ def leftovers(marker: str) -> list[tuple[int, str]]:
     return found
 
 
-def stop_leftovers(marker: str, grace_seconds: float = 10) -> list[tuple[int, str]]:
-    """Stop every process still carrying ``marker`` (TERM, then KILL); return what was found."""
+def stop_leftovers(marker: str, settle_seconds: float = 5,
+                   grace_seconds: float = 10) -> list[tuple[int, str]]:
+    """Stop every process still carrying ``marker`` once those that are ending have had
+    ``settle_seconds`` to end (TERM, then KILL); return what had to be stopped."""
+    deadline = time.monotonic() + settle_seconds
+    while leftovers(marker) and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.2)
     found = leftovers(marker)
     for pid, _ in found:
         try:
@@ -179,6 +185,29 @@ def stop_leftovers(marker: str, grace_seconds: float = 10) -> list[tuple[int, st
         except (ProcessLookupError, PermissionError):
             pass
     return found
+
+
+def adopt_orphans() -> None:
+    """Make this process the one that inherits its descendants' orphans (Linux), so that
+    a process whose parent exited (Chromium's helpers, a daemon a notebook starts)
+    is still ours to find, stop and reap, instead of init's."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def reap() -> None:
+    """Collect the exit status of every child that has ended (no zombie is left behind)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def tail(path: Path, lines: int = 30) -> str:
