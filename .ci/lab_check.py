@@ -55,6 +55,8 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
 ]
+# Written by make setup: the notebook windowing make course's JupyterLab uses.
+LAB_DEFAULTS = Path(sys.prefix) / "share/jupyter/lab/settings/overrides.d/queue-course.json"
 RUN_SECONDS = 600
 LAND_SECONDS = 15
 STEADY_POLLS = 4  # a target counts as landed once it stays in view this many polls running
@@ -174,7 +176,7 @@ def click_links(page, lab, source: str, cell: int | None, expected: int, report:
 
 def check_document(page, lab, name: str, report: Report) -> None:
     js(page, "open", name, "Markdown Preview")
-    ok, _ = poll(page, "links", [name, None, None], lambda links: len(links) > 0, 15)
+    poll(page, "links", [name, None, None], lambda links: len(links) > 0, 15)  # rendered
     text = (ROOT / name).read_text(encoding="utf-8")
     click_links(page, lab, name, None, local_link_count(text), report)
     js(page, "close", name)
@@ -346,6 +348,10 @@ def main(argv: list[str]) -> int:
     if not Path(CHROMIUM).exists():
         print(f"Chromium not found at {CHROMIUM}: install it (Debian: apt-get install chromium) "
               "or set CHROMIUM to its path", file=sys.stderr)
+        return 2
+    if not LAB_DEFAULTS.exists():
+        print(f"{LAB_DEFAULTS} is missing: make setup writes it (the course's JupyterLab "
+              "defaults, which this check reads the course with)", file=sys.stderr)
         return 2
     try:
         import playwright  # noqa: F401
