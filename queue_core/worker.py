@@ -47,12 +47,18 @@ def finish_and_claim(queue: Queue, lease: Lease,
     next lease (``None`` when nothing is due).
 
     A refused ACK claims nothing in that transaction: its failure is routed
-    as ``finish`` routes it, and the next message is then claimed on its own.
+    as ``finish`` routes it (the handler is not run again: this attempt has
+    had its run), and the next message is then claimed on its own.
     """
     try:
         effect, following = queue.complete_and_claim(lease, handler)
-    except (InvalidPayload, TransientError, LeaseLost):
-        return finish(queue, lease, handler), queue.claim()
+    except InvalidPayload as exc:
+        return _fail(queue, lease, exc, permanent=True), queue.claim()
+    except TransientError as exc:
+        return _fail(queue, lease, exc, permanent=False), queue.claim()
+    except LeaseLost as exc:
+        lost = Outcome(lease.event_id, "lost", lease.generation, exc.code, detail=exc.message)
+        return lost, queue.claim()
     return Outcome(lease.event_id, "done", lease.generation, effect=effect), following
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from observe import expect, ledger
-from queue_core import Handler, ModelClock, Outcome, Queue, drain
+from queue_core import Handler, ModelClock, Outcome, Queue, TransientError, drain
 from queue_core.audit import findings
 
 FIVE = "".join(json.dumps({"event_id": f"E000{i}", "payload": {"category": "book",
@@ -119,4 +119,36 @@ def test_a_refused_ack_claims_nothing_in_its_transaction_and_the_loop_goes_on(
         ("E0001", "done"), ("E0002", "dead"), ("E0003", "done"), ("E0004", "done"),
         ("E0005", "done")]
     assert ledger(db_path) == expect(total=1300, effects=4, done=4, dead=1)
+    assert findings(db_path) == []
+
+
+class CountingHandler(Handler):
+    """Counts its runs per event, and fails E0002's first run transiently."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: dict[str, int] = {}
+
+    def apply(self, conn, event_id, payload):  # type: ignore[no-untyped-def]
+        self.runs[event_id] = self.runs.get(event_id, 0) + 1
+        if event_id == "E0002" and self.runs[event_id] == 1:
+            raise TransientError("the payment service is busy")
+        return super().apply(conn, event_id, payload)
+
+
+def test_the_handler_runs_once_per_attempt_also_when_the_ack_that_claims_is_refused(
+        queue: Queue, model_clock: ModelClock, db_path: Path) -> None:
+    queue.enqueue_jsonl(FIVE)
+    handler = CountingHandler()
+
+    first = drain(queue, handler)
+    model_clock.advance(1)  # E0002's backoff after its first attempt
+    second = drain(queue, handler)
+
+    assert [(o.event_id, o.kind) for o in first] == [
+        ("E0001", "done"), ("E0002", "retry"), ("E0003", "done"), ("E0004", "done"),
+        ("E0005", "done")]
+    assert [(o.event_id, o.kind, o.generation) for o in second] == [("E0002", "done", 2)]
+    assert handler.runs == {"E0001": 1, "E0002": 2, "E0003": 1, "E0004": 1, "E0005": 1}
+    assert ledger(db_path) == expect(total=1500, effects=5, done=5)
     assert findings(db_path) == []
