@@ -19,8 +19,9 @@ from matplotlib.text import Annotation
 
 from conftest import ROOT
 from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue
-from queue_core.lab.plots import (STATE_COLORS, Mark, mark, metrics_frame, plot_metrics,
-                                  plot_state_machine, plot_timeline, transitions_frame)
+from queue_core.lab.plots import (STATE_COLORS, Mark, arrow_counts, mark, metrics_frame,
+                                  plot_metrics, plot_state_machine, plot_timeline,
+                                  transitions_frame)
 from queue_core.lab.plots_workers import (consumer_turns, consumers_frame, plot_consumers,
                                           plot_sequence)
 
@@ -122,12 +123,40 @@ def test_timeline_legend_names_only_the_symbols_the_picture_uses(queue: Queue,
 
 def test_state_machine_counts_each_arrow_from_the_journal(stale_story: tuple[Queue, Mark]) -> None:
     queue, _ = stale_story
+    assert arrow_counts(queue) == {"enqueue": 2, "claim": 3, "complete": 1, "back to ready": 1,
+                                   "to dead": 1, "redrive": 0}
     texts = " | ".join(t.get_text() for t in plot_state_machine(queue).axes[0].texts)
-    for expected in ("enqueue (2×)", "claim (3×)", "one transaction (1×)",
-                     "lease expired (1×)", "budget spent (1×)", "generation kept) (0×)"):
+    for expected in ("enqueue (2×)", "claim (3×)", "complete (1×):", "back to ready (1×):",
+                     "to dead (1×):", "redrive (0×):"):
         assert expected in texts
     plain = " | ".join(t.get_text() for t in plot_state_machine().axes[0].texts)
     assert "×" not in plain
+
+
+def test_state_machine_labels_keep_clear_of_the_state_boxes(
+        stale_story: tuple[Queue, Mark]) -> None:
+    fig = plot_state_machine(stale_story[0])
+    fig.canvas.draw()  # places each state's box around its name
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.axes[0].texts if t.get_text()]  # not the arrows' empty annotations
+    boxes = [t.get_bbox_patch().get_window_extent(renderer) for t in texts
+             if t.get_bbox_patch() is not None]
+    labels = [t.get_window_extent(renderer) for t in texts if t.get_bbox_patch() is None]
+    assert len(boxes) == 4 and len(labels) == 6
+    # 4 pixels apart at least: a label that touches a box reads as part of the state's name
+    touching = [(label, box) for label in labels for box in boxes
+                if label.overlaps(box.padded(4))]
+    assert touching == []
+
+
+def test_a_mark_after_a_journal_row_takes_that_rows_second_and_place(
+        stale_story: tuple[Queue, Mark]) -> None:
+    queue, _ = stale_story
+    first_claim = queue.transitions("E0001")[1]
+    placed = mark(queue, "E0001", "died after the first claim", after=first_claim.seq)
+    assert placed == Mark(1000, first_claim.seq, "E0001", "died after the first claim")
+    with pytest.raises(ValueError):
+        mark(queue, "E0001", "nowhere", after=999)
 
 
 def _outcomes() -> dict[str, list[Outcome]]:

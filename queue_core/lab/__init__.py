@@ -12,8 +12,9 @@ its own and a fresh schema per run (``postgres_server``, ``pgcases``), a
 Redis broker beside the queue with consumer processes that crash or stall
 on purpose (``redis_server``, ``broker``, ``broker_consumer``,
 ``broker_play``, ``broker_plots``), the exercises and their checks
-(``exercises``, ``exercise_setup``, ``exercise_inbox``) and the pictures
-(``plots``, ``plots_workers``).
+(``exercises``, ``exercise_setup``, ``exercise_inbox``), the pictures
+(``plots``, ``plots_workers``) and notebook 00's summary card of every call
+(``card``).
 
 Importing the lab imports neither pandas, matplotlib, psycopg nor redis; a
 plot imports the first two when it is drawn, ``DatabaseClock`` the third when
@@ -38,15 +39,16 @@ from .scaling import ScalingRow, measure_scaling, plot_scaling, scaling_frame
 from .powerloss import PowerLossReport, plot_powerloss, powerloss_frame, run_powerloss
 from .explore import Exploration, explore, plot_state_space, replay
 from .schedule import FINISH, SMALL, Scenario, Step
-from .plots import (STATE_COLORS, Mark, mark, metrics_frame, plot_metrics, plot_state_machine,
-                    plot_timeline, transitions_frame)
+from .card import summary_card
+from .plots import (STATE_COLORS, Mark, arrow_counts, mark, metrics_frame, plot_metrics,
+                    plot_state_machine, plot_timeline, transitions_frame)
 from .plots_workers import consumer_turns, consumers_frame, plot_consumers, plot_sequence
 from .scenario import DEMO_JSONL, LEASE_SECONDS, START
 from .stress import StressReport, run_stress
 from .sweep import SCHEDULES, STEPS, SweepRow, plot_sweep, run_sweep, sweep_frame
 
 __all__ = [
-    "ChildResult", "DEMO_JSONL", "DemoReport", "Exploration", "FINISH", "SMALL", "Scenario", "Step", "consumer_turns", "explore",
+    "ChildResult", "DEMO_JSONL", "arrow_counts", "summary_card", "DemoReport", "Exploration", "FINISH", "SMALL", "Scenario", "Step", "consumer_turns", "explore",
     "plot_sequence", "plot_state_space", "replay", "FlakyHandler", "LEASE_SECONDS", "Mark",
     "PROTOCOLS", "PowerLossReport", "Protocol", "REAL", "SCHEDULES", "START", "STATE_COLORS", "STEPS", "StressReport",
     "SweepRow", "collect", "consumers_frame", "mark", "metrics_frame", "open_gate",

@@ -8,7 +8,9 @@ light for workers and the command line.
 
 Moments the journal cannot hold, because nothing was committed (a rejected
 ACK, a worker killed before COMMIT), are passed in as ``Mark`` values; take
-them with ``mark(queue, event_id, label)`` right when they happen.
+them with ``mark(queue, event_id, label)`` right when they happen, or, for
+one that happened out of sight (inside ``run_scenario``), with
+``mark(..., after=seq)`` right after the journal row it followed.
 """
 
 from __future__ import annotations
@@ -43,10 +45,20 @@ class Mark:
     label: str
 
 
-def mark(queue: "Queue", event_id: str, label: str) -> Mark:
-    """Record ``label`` for ``event_id`` now, ordered after every journal row so far."""
+def mark(queue: "Queue", event_id: str, label: str, *, after: int | None = None) -> Mark:
+    """Record ``label`` for ``event_id`` now, ordered after every journal row so far.
+
+    ``after``: the ``seq`` of the journal row the moment followed instead; the
+    mark then takes that row's model second. Raises ``ValueError`` for a
+    ``seq`` the journal does not hold.
+    """
     journal = queue.transitions()
-    return Mark(queue.clock.now(), journal[-1].seq if journal else 0, event_id, label)
+    if after is None:
+        return Mark(queue.clock.now(), journal[-1].seq if journal else 0, event_id, label)
+    found = [t for t in journal if t.seq == after]
+    if not found:
+        raise ValueError(f"the journal holds no row with seq {after!r}")
+    return Mark(found[0].at, after, event_id, label)
 
 
 def transitions_frame(source: "Queue | Iterable[Transition]") -> "pd.DataFrame":
@@ -194,14 +206,18 @@ def _timeline_axes(ax: Any, events: list[str], first: int, end: float, title: st
 
 _NODES = {State.READY: (0.0, 0.0), State.LEASED: (4.0, 0.0),
           State.DONE: (8.0, 0.0), State.DEAD: (4.0, -2.6)}
-# (from, to, label, curvature, label offset in data units)
+# (from, to, name, what it stands for, curvature, label offset in data units); a count
+# goes after the name, so it reads as part of the arrow's name, not of its explanation
 _EDGES = [
-    (State.READY, State.LEASED, "claim", 0.0, (0.0, 0.25)),
-    (State.LEASED, State.DONE, "complete:\neffect + ACK, one transaction", 0.0, (0.0, 0.4)),
-    (State.LEASED, State.READY, "transient failure (backoff)\nor lease expired", 0.45, (0.0, 1.4)),
-    (State.LEASED, State.DEAD, "invalid payload,\nor budget spent", 0.0, (0.95, 0.0)),
-    (State.DEAD, State.READY, "redrive\n(attempts reset,\ngeneration kept)", 0.25, (-1.05, -0.55)),
+    (State.READY, State.LEASED, "claim", "", 0.0, (0.0, 0.25)),
+    (State.LEASED, State.DONE, "complete", "effect + ACK,\none transaction", 0.0, (0.1, 0.5)),
+    (State.LEASED, State.READY, "back to ready", "transient failure (backoff),\nlease expired, "
+     "or release", 0.45, (0.0, 1.45)),
+    (State.LEASED, State.DEAD, "to dead", "invalid payload,\nor budget spent", 0.0, (0.95, 0.0)),
+    (State.DEAD, State.READY, "redrive", "(attempts reset,\ngeneration kept)", 0.25,
+     (-1.05, -0.55)),
 ]
+ENQUEUE = "enqueue"
 
 
 def plot_state_machine(source: "Queue | pd.DataFrame | None" = None,
@@ -217,14 +233,16 @@ def plot_state_machine(source: "Queue | pd.DataFrame | None" = None,
                 fontweight="bold", bbox={"boxstyle": "round,pad=0.6", "fc": STATE_COLORS[state]})
     ax.annotate("", _NODES[State.READY], xytext=(-2.2, 0.0),
                 arrowprops={"arrowstyle": "-|>", "color": "0.3", "shrinkB": 30})
-    ax.text(-2.2, 0.18, "enqueue" + _count(frame, None, State.READY), fontsize=9)
-    for src, dst, label, curve, (dx, dy) in _EDGES:
+    counts = None if frame is None else arrow_counts(frame)
+    ax.text(-2.2, 0.18, ENQUEUE + _times(counts, ENQUEUE), fontsize=9)
+    for src, dst, name, meaning, curve, (dx, dy) in _EDGES:
         (x0, y0), (x1, y1) = _NODES[src], _NODES[dst]
         ax.annotate("", (x1, y1), xytext=(x0, y0),
                     arrowprops={"arrowstyle": "-|>", "color": "0.3", "lw": 1.4,
                                 "shrinkA": 30, "shrinkB": 30,
                                 "connectionstyle": f"arc3,rad={curve}"})
-        ax.text((x0 + x1) / 2 + dx, (y0 + y1) / 2 + dy, label + _count(frame, src, dst),
+        head = name + _times(counts, name) + (":" if meaning else "")
+        ax.text((x0 + x1) / 2 + dx, (y0 + y1) / 2 + dy, "\n".join(filter(None, (head, meaning))),
                 ha="center", va="center", fontsize=9)
     ax.set_xlim(-2.4, 9.2)
     ax.set_ylim(-3.3, 1.9)
@@ -235,12 +253,21 @@ def plot_state_machine(source: "Queue | pd.DataFrame | None" = None,
     return fig
 
 
-def _count(frame: "pd.DataFrame | None", src: State | None, dst: State) -> str:
-    """`` (N×)``: how many journal rows went from ``src`` (None: created) to ``dst``."""
-    if frame is None:
-        return ""
-    same_src = frame["from_state"].isna() if src is None else frame["from_state"] == str(src)
-    return f" ({int((same_src & (frame['to_state'] == str(dst))).sum())}\u00d7)"
+def arrow_counts(source: "Queue | pd.DataFrame") -> dict[str, int]:
+    """How many journal rows took each arrow of the state machine, by the arrow's
+    name as ``plot_state_machine`` writes it: ``enqueue``, ``claim``, ..."""
+    frame = source if hasattr(source, "columns") else transitions_frame(source)
+    arrows = [(ENQUEUE, None, State.READY)] + [(name, src, dst) for src, dst, name, *_ in _EDGES]
+    counts = {}
+    for name, src, dst in arrows:
+        same_src = frame["from_state"].isna() if src is None else frame["from_state"] == str(src)
+        counts[name] = int((same_src & (frame["to_state"] == str(dst))).sum())
+    return counts
+
+
+def _times(counts: dict[str, int] | None, name: str) -> str:
+    """`` (N×)`` after an arrow's name, when the picture counts."""
+    return "" if counts is None else f" ({counts[name]}\u00d7)"
 
 
 def metrics_frame(samples: Iterable[Metrics]) -> "pd.DataFrame":
