@@ -8,6 +8,7 @@ a chapter (goals first, a way to the exercises).
 
 from __future__ import annotations
 
+import html as html_module
 import json
 import os
 import re
@@ -130,20 +131,79 @@ def explicit_anchors(path: Path) -> set[str]:
     return set(re.findall(r'<a id="([A-Za-z0-9_-]+)"></a>', markdown_of(path)))
 
 
-@pytest.mark.parametrize("path", [*PATHS, *DOCS], ids=[*IDS, *(p.name for p in DOCS)])
-def test_every_relative_link_resolves_to_a_file_and_an_explicit_anchor(path: Path) -> None:
+def cell_ids(path: Path) -> set[str]:
+    return {cell.get("id") for cell in load(path)["cells"]}
+
+
+# Where a fragment lands, as JupyterLab 4 and GitHub resolve it (make labcheck
+# clicks every link in a real JupyterLab and measures where it lands):
+# - a Markdown file opened from a link is shown in Markdown Preview, which
+#   scrolls to an element of that id: an explicit ``<a id="...">``, whose id
+#   GitHub keeps too (JupyterLab's own heading ids, "Exercise-4:-Reject-...",
+#   keep case and punctuation; GitHub's, "exercise-4-reject-...", do not);
+# - a notebook is linked by ``#cell-id=<id>`` (nbformat's fragment syntax,
+#   which nbconvert's HTML export also gives every cell): JupyterLab finds the
+#   cell in the notebook's model, where a heading or ``<a id>`` fragment is
+#   looked for only among cells already drawn, so a notebook opened by the
+#   link is shown from its top.
+def fragment_problem(resolved: Path, fragment: str) -> str | None:
+    if resolved.suffix == ".md" and fragment not in explicit_anchors(resolved):
+        return "no <a id> of that name in the file"
+    if resolved.suffix == ".ipynb":
+        if not fragment.startswith("cell-id="):
+            return "a notebook is linked by #cell-id=<id>"
+        if fragment.removeprefix("cell-id=") not in cell_ids(resolved):
+            return "no cell of that id in the notebook"
+    return None
+
+
+def broken_links(path: Path, markdown: str) -> list[str]:
+    """Each relative link in ``markdown`` (written in ``path``) that leads nowhere, with why."""
     broken = []
-    for target in LINK.findall(markdown_of(path)):
+    for target in LINK.findall(markdown):
         if re.match(r"[a-z]+:", target):
             continue  # a web address
-        file, _, anchor = target.partition("#")
+        file, _, fragment = target.partition("#")
         resolved = (path.parent / file) if file else path
         if not resolved.exists():
-            broken.append(target)
-        elif anchor and resolved.suffix in (".md", ".ipynb") \
-                and anchor not in explicit_anchors(resolved):
-            broken.append(target)
-    assert broken == []
+            broken.append(f"{target}: no such file")
+        elif fragment and (problem := fragment_problem(resolved, fragment)):
+            broken.append(f"{target}: {problem}")
+    return broken
+
+
+@pytest.mark.parametrize("path", [*PATHS, *DOCS], ids=[*IDS, *(p.name for p in DOCS)])
+def test_every_relative_link_resolves_to_a_file_and_a_fragment_that_lands(path: Path) -> None:
+    assert broken_links(path, markdown_of(path)) == []
+
+
+@pytest.mark.parametrize("target, problem", [
+    ("00_overview.ipynb#cell-id=summary-card", None),
+    ("../EXERCISES.md#exercise-4", None),
+    ("../EXERCISES.md", None),
+    ("00_overview.ipynb#summary-card", "a notebook is linked by #cell-id=<id>"),
+    ("00_overview.ipynb#Summary-card", "a notebook is linked by #cell-id=<id>"),
+    ("00_overview.ipynb#cell-id=no-such-cell", "no cell of that id in the notebook"),
+    ("../EXERCISES.md#exercise-9", "no <a id> of that name in the file"),
+    ("../EXERCISES.md#Exercise-4:-Reject-an-old-generation,-also-after-a-redrive",
+     "no <a id> of that name in the file"),
+    ("99_missing.ipynb", "no such file"),
+], ids=["cell-id", "md-anchor", "md-file", "notebook-anchor", "notebook-heading",
+        "unknown-cell", "unknown-anchor", "jupyterlab-heading-id", "missing-file"])
+def test_the_link_check_refuses_a_fragment_that_would_not_land(target: str,
+                                                               problem: str | None) -> None:
+    written_in = NOTEBOOKS / "01_duplicate_delivery.ipynb"
+    expected = [] if problem is None else [f"{target}: {problem}"]
+    assert broken_links(written_in, f"see [there]({target}).") == expected
+
+
+def test_the_readme_links_the_summary_card_by_its_cell_id() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    cells = load(NOTEBOOKS / "00_overview.ipynb")["cells"]
+    card = [cell for cell in cells if cell.get("id") == "summary-card"]
+
+    assert "[summary card](notebooks/00_overview.ipynb#cell-id=summary-card)" in readme
+    assert len(card) == 1 and source(card[0]).startswith("## Summary card\n")
 
 
 @pytest.mark.parametrize("path", [*REVIEWED, ROOT / "EXERCISES.md"],
@@ -166,6 +226,22 @@ def test_every_figure_has_a_text_alternative_and_a_caption_after_it(path: Path) 
             if len(alt) < 40 or not after.startswith(f"*Figure.* {alt}"):
                 missing.append(source(cell)[:40])
     assert missing == []
+
+
+@pytest.mark.parametrize("path", CAPTIONED, ids=[str(p.relative_to(NOTEBOOKS)) for p in CAPTIONED])
+def test_the_classic_html_export_gives_every_figure_its_alt_text(path: Path) -> None:
+    # JupyterLab shows no text alternative (the caption after the figure is what its
+    # readers get); nbconvert's classic template reads the cell's "alt" metadata.
+    from nbconvert import HTMLExporter
+
+    cells = load(path)["cells"]
+    wanted = [cell["metadata"]["alt"] for cell in cells if cell["cell_type"] == "code"
+              for o in cell["outputs"] if "image/png" in o.get("data", {})]
+    html, _ = HTMLExporter(template_name="classic").from_filename(str(path))
+    images = re.findall(r"<img\b[^>]*>", html)
+    alts = [html_module.unescape(m.group(1)) if (m := re.search(r'alt="([^"]*)"', img)) else None
+            for img in images]
+    assert alts == wanted
 
 
 @pytest.mark.parametrize("path", REVIEWED, ids=REVIEWED_IDS)
