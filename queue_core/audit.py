@@ -78,8 +78,11 @@ _JOURNAL_COLUMNS = "seq, at, event_id, from_state, to_state, generation, attempt
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One violated invariant: its stable ``name`` (a key of ``FINDINGS``),
-    the event it concerns (``None`` for the whole file), and what was found."""
+    """One violated invariant, named, with the event it concerns and what was found.
+
+    ``name`` is stable (a key of ``FINDINGS``); ``event_id`` is ``None`` when
+    the finding concerns the whole file; ``detail`` says what was found.
+    """
 
     name: str
     event_id: str | None

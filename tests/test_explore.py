@@ -6,17 +6,26 @@ contrast's subclass; only the clock is modelled.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from queue_core import ModelClock, audit
 from queue_core.lab.contrasts import PROTOCOLS
 from queue_core.lab.explore import (DEFAULT, FINISH, SMALL, SPLIT, Scenario, Step, _runner,
-                                    explore, replay)
+                                    explore, plot_state_space, replay)
 from queue_core.lab.schedule import HANDOFF
 
 BROKEN = [name for name, proto in PROTOCOLS.items() if proto.broken]
+NOTEBOOK_11 = ROOT / "notebooks" / "11_every_interleaving.ipynb"
+
+
+def markdown(path: Path) -> str:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +149,102 @@ def test_the_restored_file_is_the_whole_state(tmp_path: Path) -> None:
         runner.restore(empty)
 
         assert audit.snapshot(runner.path).messages == {}
+
+
+@pytest.fixture(scope="module")
+def small_runs() -> dict[str, object]:
+    return {name: explore(name, SMALL) for name in PROTOCOLS}
+
+
+def test_notebook_11_quotes_the_figures_make_explore_finds_for_the_worker_loops_step(
+        default_runs) -> None:
+    fused = default_runs["protocol"]
+    apart = explore("protocol", replace(DEFAULT, fused=False))
+
+    assert apart.violations == [] and apart.states == fused.states
+    quoted = (f"{fused.schedules:,} schedules with the fused step, {apart.schedules:,} without, "
+              f"and {fused.states:,} distinct states either way")
+    assert quoted in markdown(NOTEBOOK_11), f"notebook 11 should say: {quoted}"
+
+
+def test_without_the_fused_step_the_small_scenario_has_fewer_schedules_and_the_same_states(
+        small_runs) -> None:
+    apart = explore("protocol", replace(SMALL, fused=False))
+
+    assert (apart.schedules, apart.states, apart.violations) == (500, 110, [])
+    assert small_runs["protocol"].states == apart.states
+    assert str(replace(SMALL, fused=False)).endswith(", ACK and claim in two transactions")
+
+
+def test_no_schedule_of_the_small_scenario_reaches_a_redrive(small_runs) -> None:
+    # Two clock jumps end at most two attempts, and a message dies only after three:
+    # the redrive the scenario allows is never enabled, as notebook 11 says.
+    for name, run in small_runs.items():
+        without = explore(name, replace(SMALL, redrives=0))
+        assert (without.schedules, without.states, len(without.violations)) == (
+            run.schedules, run.states, len(run.violations)), name
+
+
+def test_in_the_default_scenario_a_message_can_die_and_be_redriven() -> None:
+    # notebook 11 says make explore's scenario reaches the redrive its own does not
+    schedule = [Step("producer", "enqueue"), Step("W1", "claims"), Step("W1", HANDOFF),
+                Step("W1", "crashes"), Step("clock", "jump", 1002), Step("W1", "claims"),
+                Step("clock", "jump", 1004), Step("W1", "ACKs"), Step("W1", "claims"),
+                Step("clock", "jump", 1006), Step("W2", "claims"), Step("operator", "redrive", "E0002")]
+
+    again = replay("protocol", DEFAULT, schedule)
+
+    assert all(found == () for found in again.findings)
+    assert [(t.event_id, t.to_state.value, t.reason) for t in again.journal[-2:]] == [
+        ("E0002", "dead", "attempts_exhausted"), ("E0002", "ready", "redrive")]
+
+
+def test_the_small_scenarios_schedules_have_the_lengths_notebook_11_explains(small_runs) -> None:
+    lengths = small_runs["protocol"].schedules_by_length
+
+    assert lengths == {6: 56, 7: 96, 9: 960, 10: 1472}
+    assert "never 8" in markdown(NOTEBOOK_11)
+
+
+def test_the_state_space_plot_labels_every_bar_and_a_length_no_schedule_has(small_runs) -> None:
+    import matplotlib.pyplot as plt
+
+    run = small_runs["protocol"]
+    fig = plot_state_space(run)
+    left, right = fig.axes
+    try:
+        labels = {round(t.get_position()[0]): t.get_text() for t in right.texts}
+        assert labels == {6: "56", 7: "96", 8: "none", 9: "960", 10: "1,472"}
+        low, _ = right.get_ylim()
+        assert right.get_yscale() == "log" and low < 1  # a bar of one schedule still shows
+        heights = [bar.get_height() for bar in right.patches]
+        assert [h for h in heights if h == h] == [56, 96, 960, 1472]  # NaN: the empty length
+        fig.canvas.draw()
+        ticks = [t.get_text() for t in right.get_yticklabels() if t.get_text()]
+        assert ticks and all(t.replace(",", "").isdigit() for t in ticks)  # 1, 10, 100, 1,000
+        assert [bar.get_height() for bar in left.patches] == run.states_by_depth
+        assert (left.get_title(), right.get_title()) == (
+            "110 distinct states", "2,584 schedules, each run to its end")
+    finally:
+        plt.close(fig)
+
+
+def test_a_replayed_stale_ack_is_marked_with_its_worker_generation_and_finding(small_runs) -> None:
+    shortest = small_runs["no generation check"].shortest
+
+    again = replay("no generation check", SMALL, shortest.schedule)
+
+    assert [(m.at, m.event_id, m.label, m.caught) for m in again.marks] == [
+        (1002, "E0001", "W1 ACKs (g1); audit: stale_lease_accepted", True)]
+    # drawn before the done row the stale ACK wrote, after W2's claim
+    done = next(t for t in again.journal if t.reason == "completed")
+    assert again.marks[0].after_seq == done.seq - 1
+
+
+def test_a_crash_after_a_caught_step_is_marked_apart_from_it(small_runs) -> None:
+    schedule = [*small_runs["mark then write"].shortest.schedule, Step("W2", "crashes"), FINISH]
+
+    again = replay("mark then write", SMALL, schedule)
+
+    assert [(m.label, m.caught) for m in again.marks] == [
+        ("W2 marks done (g2); audit: done_without_effect", True), ("W2 crashes", False)]

@@ -121,6 +121,31 @@ def test_timeline_legend_names_only_the_symbols_the_picture_uses(queue: Queue,
     assert labels == ["ready", "leased", "done", "dead", "claim (gN: generation N)"]
 
 
+def test_a_caught_mark_is_a_star_with_its_own_legend_entry_beside_a_crossed_one(
+        stale_story: tuple[Queue, Mark]) -> None:
+    queue, rejected = stale_story
+    caught = Mark(1002, rejected.after_seq, "E0001", "W1 ACKs (g1); audit: a finding", caught=True)
+    ax = plot_timeline(queue, marks=[rejected, caught]).axes[0]
+    assert [line.get_marker() for line in ax.lines if line.get_marker() in ("X", "*")] == ["X", "*"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[-2:] == ["rejected or crashed", "caught by the audit"]
+    only_caught = plot_timeline(queue, marks=[caught]).axes[0]
+    assert "rejected or crashed" not in [t.get_text() for t in only_caught.get_legend().get_texts()]
+
+
+def test_two_marks_close_together_keep_their_labels_apart(stale_story: tuple[Queue, Mark]) -> None:
+    queue, rejected = stale_story
+    first = Mark(1002, rejected.after_seq, "E0001", "a first label, long enough to reach over")
+    second = Mark(1002, rejected.after_seq, "E0001", "a second label just after it")
+    fig = plot_timeline(queue, marks=[first, second])
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts
+             if t.get_text() in (first.label, second.label)]
+    assert len(boxes) == 2 and not boxes[0].overlaps(boxes[1])
+    assert boxes[1].y1 <= boxes[0].y0 + 1  # the later label moved down, under the earlier one
+
+
 def test_state_machine_counts_each_arrow_from_the_journal(stale_story: tuple[Queue, Mark]) -> None:
     queue, _ = stale_story
     assert arrow_counts(queue) == {"enqueue": 2, "claim": 3, "complete": 1, "back to ready": 1,

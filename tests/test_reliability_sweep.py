@@ -3,6 +3,8 @@ same sweep reports each deliberately broken protocol at the step it breaks."""
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from queue_core.lab.sweep import (BATCH, EXPECTED_TOTAL, LEASE_SECONDS, START, S
                               audit, current_handler, plot_sweep, run_sweep, run_to_completion,
                               sweep_frame)
 
-from conftest import read_back
+from conftest import ROOT, read_back
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +174,25 @@ def test_a_broken_protocol_refuses_a_batch_ack_and_changes_nothing(db_path: Path
 
     assert read_back(db_path, "SELECT event_id, state, generation FROM messages ORDER BY 1") == before
     assert read_back(db_path, "SELECT count(*) FROM effects") == [(0,)]
+
+
+def test_notebook_07_explains_every_crash_point_in_its_table_in_the_order_a_message_meets_them():
+    cells = json.loads((ROOT / "notebooks" / "07_crash_sweep.ipynb").read_text(encoding="utf-8"))
+    table = next("".join(c["source"]) for c in cells["cells"] if c["cell_type"] == "markdown"
+                 and "| step | what has happened when the worker dies |" in "".join(c["source"]))
+    rows = re.findall(r"^\| `([a-z_.]+)` \|", table, flags=re.MULTILINE)
+    assert rows == list(POINTS), "give each crash point its own row in notebook 07's table, in order"
+
+
+def test_each_outcome_written_in_the_sweep_picture_fits_inside_its_cell(sweep):
+    import matplotlib.pyplot as plt
+
+    fig = plot_sweep(list(sweep.values()))
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    cell_width = abs(ax.transData.transform((0.96, 0))[0] - ax.transData.transform((0, 0))[0])
+    written = [t for t in ax.texts if t.get_text()]
+    assert {t.get_text().replace("\n", " ") for t in written} == {
+        "lost money", "doubled money", "stale ACK accepted"}
+    assert all(t.get_window_extent(renderer).width < cell_width for t in written)
+    plt.close(fig)

@@ -39,6 +39,7 @@ fresh file.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 from collections import Counter, deque
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import audit
-from ..values import State
+from ..values import Lease, State
 from .contrasts import PROTOCOLS
 from .plots import FIG_WIDTH, Mark
 from .schedule import DEFAULT, FINISH, IDLE, SMALL, SPLIT, Runner, Scenario, Step, World, held
@@ -272,7 +273,9 @@ class _runner:
 @dataclass(frozen=True)
 class Replay:
     """A schedule run again on a fresh file: what each step did, what the audit
-    found after it, the journal, marks for what the journal cannot show, the money."""
+    found after it, the journal, marks for what the journal cannot show (who
+    did a step the audit caught, a rejected ACK, a crash, a write to the
+    contrasts' ledger), the money."""
 
     schedule: tuple[Step, ...]
     said: tuple[str, ...]
@@ -299,6 +302,7 @@ def replay(protocol: str, scenario: Scenario, schedule: tuple[Step, ...] | list[
     with _runner(PROTOCOLS[protocol], scenario, folder) as runner:
         world = runner.start()
         snap = audit.snapshot(runner.path)
+        caught_before: set[str] = set()
         for step in schedule:
             if step.what == FINISH.what:
                 runner.clock.set(world.now)
@@ -307,13 +311,20 @@ def replay(protocol: str, scenario: Scenario, schedule: tuple[Step, ...] | list[
                 said.append(str(step))
                 findings.append(tuple(broken_promise(snap, scenario)))
                 continue
-            holder = _holder(world, step)
+            lease = _held_by(world, step)
             world, text, marked = runner.apply(world, step)
             after = audit.snapshot(runner.path)
+            found = audit.check(after)
             said.append(text)
-            findings.append(tuple(str(f) for f in audit.check(after)))
-            if marked and holder is not None:
-                _add_mark(marks, snap, world.now, holder, _short(text))
+            findings.append(tuple(str(f) for f in found))
+            new = [name for name in dict.fromkeys(f.name for f in found)
+                   if name not in caught_before]
+            caught_before = {f.name for f in found}
+            if lease is not None and (marked or new):
+                label = _short(text)
+                if new:  # the journal shows what changed, not whose step it was
+                    label = f"{label} (g{lease.generation}); audit: {', '.join(new)}"
+                _add_mark(marks, snap, world.now, lease.event_id, label, caught=bool(new))
             snap = after
     return Replay(tuple(schedule), tuple(said), tuple(findings), snap.journal, tuple(marks),
                   snap.money)
@@ -324,40 +335,57 @@ def _short(text: str) -> str:
     who, rest = text.split(" ", 1)
     if "rejected" in rest:
         return f"{who}'s {rest.split()[0]} rejected: {rest.rsplit(': ', 1)[1]}"
-    return f"{who} {rest.split(' E0')[0].split(' holding')[0].removesuffix(' of')}"
+    what = re.sub(r"\s*(?:of |holding )?E\d{4} \(g\d+\)", "", rest, count=1)
+    return f"{who} {re.split(r'[:,]', what, maxsplit=1)[0].strip()}"
 
 
 def _add_mark(marks: list[Mark], snap: audit.Snapshot, now: int, event_id: str,
-              label: str) -> None:
-    """Mark ``label`` after the journal so far; join it to a mark in the same place,
-    so that two labels never print over each other."""
+              label: str, *, caught: bool = False) -> None:
+    """Mark ``label`` after the journal so far (several marks in one place are
+    drawn side by side, in the order taken)."""
     last = snap.journal[-1].seq if snap.journal else 0
-    if marks and (marks[-1].after_seq, marks[-1].event_id) == (last, event_id):
-        label = f"{marks.pop().label}, then {label.split(' ', 1)[1]}"
-    marks.append(Mark(now, last, event_id, label))
+    marks.append(Mark(now, last, event_id, label, caught=caught))
 
 
-def _holder(world: World, step: Step) -> str | None:
-    """The event the worker of ``step`` holds a lease on, if any."""
+def _held_by(world: World, step: Step) -> Lease | None:
+    """The lease the worker of ``step`` holds, if any."""
     if not step.who.startswith("W"):
         return None
     state = world.workers[int(step.who[1:]) - 1]
-    return state[1].event_id if state != IDLE else None
+    return state[1] if state != IDLE else None
 
 
 def plot_state_space(run: Exploration, title: str | None = None) -> "Figure":
     """Left: distinct states by the fewest steps that reach them. Right: schedules
-    by length, as a run without merging would meet them one by one (log scale)."""
+    by length, as a run without merging would meet them one by one.
+
+    The right axis is logarithmic from 1 down to 0.5, so that every bar, even
+    one of a single schedule, rises from the axis; each bar is labelled with
+    its count, and a length between the shortest and the longest that no
+    schedule has is labelled "none" rather than left as an unexplained gap.
+    """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(FIG_WIDTH, 3.6))
     left.bar(range(len(run.states_by_depth)), run.states_by_depth, color="#4C72B0")
     left.set_title(f"{run.states:,} distinct states", fontsize=10)
     left.set_xlabel("fewest steps to reach the state")
     left.set_ylabel("states")
-    lengths = list(run.schedules_by_length)
-    right.bar(lengths, list(run.schedules_by_length.values()), color="#DD8452")
+    by_length = run.schedules_by_length
+    lengths = list(range(min(by_length), max(by_length) + 1)) if by_length else []
+    counts = [by_length.get(n, 0) for n in lengths]
+    right.bar(lengths, [c or float("nan") for c in counts], color="#DD8452")
     right.set_yscale("log")
+    bottom = 0.5
+    right.set_ylim(bottom, max(counts, default=1) * 4)
+    for n, count in zip(lengths, counts):
+        right.text(n, count if count else bottom * 1.15, f"{count:,}" if count else "none",
+                   ha="center", va="bottom", fontsize=8, color="black" if count else "0.4")
+    right.set_xticks(lengths)
+    right.yaxis.set_major_locator(LogLocator(base=10))
+    right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    right.yaxis.set_minor_formatter(NullFormatter())
     right.set_title(f"{run.schedules:,} schedules, each run to its end", fontsize=10)
     right.set_xlabel("steps in the schedule")
     right.set_ylabel("schedules (log scale)")

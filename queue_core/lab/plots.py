@@ -10,7 +10,9 @@ Moments the journal cannot hold, because nothing was committed (a rejected
 ACK, a worker killed before COMMIT), are passed in as ``Mark`` values; take
 them with ``mark(queue, event_id, label)`` right when they happen, or, for
 one that happened out of sight (inside ``run_scenario``), with
-``mark(..., after=seq)`` right after the journal row it followed.
+``mark(..., after=seq)`` right after the journal row it followed. A mark
+with ``caught=True`` names a step the journal does hold but cannot say whose
+it was, after which the audit found something (the explorer's replays).
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ TRANSITION_COLUMNS = ["at", "event_id", "from_state", "to_state", "generation", 
 @dataclass(frozen=True, slots=True)
 class Mark:
     """A moment the journal cannot show: ``label`` on ``event_id`` at model second
-    ``at``, drawn after journal row ``after_seq``."""
+    ``at``, drawn after journal row ``after_seq``; ``caught`` if the audit found
+    something after it (drawn as a star, not a cross)."""
 
     at: int
     after_seq: int
     event_id: str
     label: str
+    caught: bool = False
 
 
 def mark(queue: "Queue", event_id: str, label: str, *, after: int | None = None) -> Mark:
@@ -130,20 +134,27 @@ def plot_timeline(source: "Queue | pd.DataFrame", *, marks: Sequence[Mark] = (),
             if true_time and row["reason"] == "transient_error" and stop - start >= 0.5:
                 ax.text((start + stop) / 2, lane, f"waits {stop - start:g} s", ha="center",
                         va="center", fontsize=8, color="white", fontweight="bold")
-    labels = [_draw_mark(ax, events.index(m.event_id), x[order], m.label)
+    labels = [_draw_mark(ax, events.index(m.event_id), x[order], m.label, caught=m.caught)
               for m, order in zip(marks, mark_order(marks))]
     _timeline_axes(ax, events, int(first), end, title, room_below=bool(marks),
                    true_time=true_time)
     _timeline_legend(ax, expired=bool((frame["reason"] == "lease_expired").any()),
-                     marked=bool(marks))
+                     marked=any(not m.caught for m in marks),
+                     caught=any(m.caught for m in marks))
     fig.tight_layout()
     _keep_inside(fig, ax, labels)
+    _keep_apart(fig, labels)
     return fig
 
 
-def _draw_mark(ax: Any, lane: int, at: float, label: str) -> Any:
-    """A red cross on the lane; its label centred right under the cross, below the bar."""
-    ax.plot(at, lane, marker="X", color="crimson", markersize=11, markeredgecolor="black")
+_CAUGHT = {"marker": "*", "color": "gold", "markeredgecolor": "black"}
+_REJECTED = {"marker": "X", "color": "crimson", "markeredgecolor": "black"}
+
+
+def _draw_mark(ax: Any, lane: int, at: float, label: str, *, caught: bool = False) -> Any:
+    """A red cross (a gold star if the audit caught the step) on the lane; its
+    label centred right under the symbol, below the bar."""
+    ax.plot(at, lane, markersize=16 if caught else 11, **(_CAUGHT if caught else _REJECTED))
     return ax.annotate(label, (at, lane + 0.25), xytext=(0, -2), textcoords="offset points",
                        ha="center", va="top", fontsize=8, color="crimson",
                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
@@ -164,7 +175,22 @@ def _keep_inside(fig: Any, ax: Any, labels: Sequence[Any]) -> None:
             label.set_position((shift * points, -2))
 
 
-def _timeline_legend(ax: Any, *, expired: bool, marked: bool) -> None:
+def _keep_apart(fig: Any, labels: Sequence[Any]) -> None:
+    """Move a label that would overlap an earlier one down, under it, so that two
+    marks close together in time keep both labels readable."""
+    renderer = fig.canvas.get_renderer()
+    points = 72 / fig.dpi
+    placed: list[Any] = []
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        while any(box.overlaps(other) for other in placed):
+            dx, dy = label.xyann
+            label.xyann = (dx, dy - (box.height * points + 1))
+            box = label.get_window_extent(renderer)
+        placed.append(box)
+
+
+def _timeline_legend(ax: Any, *, expired: bool, marked: bool, caught: bool = False) -> None:
     """States, then only the symbols this picture uses."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -176,8 +202,11 @@ def _timeline_legend(ax: Any, *, expired: bool, marked: bool) -> None:
         handles.append(Line2D([], [], ls="", marker="x", color="black",
                               label="expired lease noticed"))
     if marked:
-        handles.append(Line2D([], [], ls="", marker="X", color="crimson", markeredgecolor="black",
-                              markersize=9, label="rejected or crashed"))
+        handles.append(Line2D([], [], ls="", markersize=9, label="rejected or crashed",
+                              **_REJECTED))
+    if caught:
+        handles.append(Line2D([], [], ls="", markersize=13, label="caught by the audit",
+                              **_CAUGHT))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
 
 

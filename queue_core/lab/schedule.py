@@ -43,7 +43,9 @@ class Scenario:
 
     ``transient`` events fail their first attempt with a transient error;
     ``crashes``, ``jumps`` and ``redrives`` bound the crashes, clock jumps and
-    operator redrives one schedule may contain.
+    operator redrives one schedule may contain. ``fused`` lets the protocol's
+    workers also take the worker loop's step (ACK and claim the next in one
+    transaction); without it they ACK, then claim, in two.
     """
 
     events: tuple[tuple[str, str, int], ...]
@@ -55,6 +57,7 @@ class Scenario:
     lease_seconds: int = LEASE_SECONDS
     max_attempts: int = 3
     start: int = START
+    fused: bool = True
 
     def jsonl(self) -> str:
         return "".join(f'{{"event_id": "{e}", "payload": {{"category": "{c}", '
@@ -67,7 +70,8 @@ class Scenario:
         return (f"{_count(self.workers, 'worker')} x {_count(len(self.events), 'event')} "
                 f"({', '.join(self.transient) or 'none'} failing once), "
                 f"{_count(self.crashes, 'crash')}, {_count(self.jumps, 'clock jump')}, "
-                f"{_count(self.redrives, 'redrive')}, lease {self.lease_seconds} s")
+                f"{_count(self.redrives, 'redrive')}, lease {self.lease_seconds} s"
+                + ("" if self.fused else ", ACK and claim in two transactions"))
 
 
 def _count(n: int, noun: str) -> str:
@@ -252,7 +256,8 @@ class Runner:
         if kind == "holding":
             if self.proto.name in SPLIT:
                 return ["ACKs (part 1)"]
-            return ["ACKs", HANDOFF] if self.proto.name == REAL.name else ["ACKs"]
+            fused = self.scenario.fused and self.proto.name == REAL.name
+            return ["ACKs", HANDOFF] if fused else ["ACKs"]
         if kind == "between":
             return ["ACKs (part 2)"]
         return ["fails"]

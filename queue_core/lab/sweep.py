@@ -299,14 +299,16 @@ def plot_sweep(rows: Sequence[SweepRow], title: str = "Crash sweep: outcome per 
     from matplotlib.patches import Patch, Rectangle
 
     table = sweep_frame(rows)
-    fig, ax = plt.subplots(figsize=(9.5, 6.5))
+    # a row a third of an inch high, so that a two-line outcome fits in its cell
+    fig, ax = plt.subplots(figsize=(9.5, max(6.5, 1.6 + 0.33 * len(table.index))))
     for y, step in enumerate(table.index):
         for x, protocol in enumerate(table.columns):
             outcome = table.loc[step, protocol]
             ax.add_patch(Rectangle((x - 0.48, y - 0.45), 0.96, 0.9,
                                    color=COLOURS.get(outcome, "#888888")))
             if outcome not in ("ok", "n/a"):
-                ax.text(x, y, outcome, ha="center", va="center", fontsize=8, color="white")
+                ax.text(x, y, textwrap.fill(outcome, 14), ha="center", va="center", fontsize=8,
+                        color="white", linespacing=1.0)
     ax.set_xlim(-0.5, len(table.columns) - 0.5)
     ax.set_ylim(len(table.index) - 0.5, -0.5)
     ax.set_xticks(range(len(table.columns)), [textwrap.fill(c, 12) for c in table.columns])
