@@ -39,7 +39,6 @@ def test_the_protocol_survives_every_schedule_of_the_default_scenario(default_ru
 
     assert run.violations == [] and run.shortest is None
     assert (run.states, run.schedules, run.ends) == (3913, 48673680, 103)
-    assert run.seconds < 30
 
 
 @pytest.mark.parametrize("name", BROKEN)

@@ -333,8 +333,9 @@ def replay(protocol: str, scenario: Scenario, schedule: tuple[Step, ...] | list[
 def _short(text: str) -> str:
     """A mark's label: who and what, without the event (the lane says it)."""
     who, rest = text.split(" ", 1)
-    if "rejected" in rest:
-        return f"{who}'s {rest.split()[0]} rejected: {rest.rsplit(': ', 1)[1]}"
+    if ": rejected, " in rest:
+        tried = "failure report" if rest.startswith("reports") else "ACK"
+        return f"{who}'s {tried} rejected: {rest.rsplit(', ', 1)[1]}"
     what = re.sub(r"\s*(?:of |holding )?E\d{4} \(g\d+\)", "", rest, count=1)
     return f"{who} {re.split(r'[:,]', what, maxsplit=1)[0].strip()}"
 

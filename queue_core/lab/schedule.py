@@ -195,7 +195,9 @@ class Runner:
             failing = ("failing", lease, exc.code, isinstance(exc, InvalidPayload))
             return failing, f"ACK of {held(lease)} fails: {exc.code}", False
         except LeaseLost as exc:
-            return IDLE, f"{what.split()[0].lower()} of {held(lease)} rejected: {exc.code}", True
+            tried = f"reports the failure of {held(lease)}" if what == "fails" else \
+                f"ACKs {held(lease)}"
+            return IDLE, f"{tried}: rejected, {exc.code}", True
 
     def _ack(self, state: tuple[Any, ...], what: str) -> tuple[tuple[Any, ...], str, bool]:
         lease: Lease = state[1]
