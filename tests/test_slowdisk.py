@@ -79,4 +79,45 @@ def test_the_flush_curve_counts_one_fsync_per_message_and_meets_its_slow_point()
     import matplotlib.pyplot as plt
     plt.close(figure)
     frame = flushcurve.flush_curve_frame(curve, latencies_ms=(1, 2))
-    assert list(frame.index) == [1, 2] and frame["consume / raw"].between(0, 1).all()
+    assert list(frame.index) == [1, 2] and frame["worker loop / raw"].between(0, 1).all()
+    said = flushcurve.describe_flush_curve(curve)
+    assert f"Fsyncs per message: {consume.fsyncs:.2f} for the worker loop, 1.00 for a raw commit." \
+        in said
+    assert "2 ms added to every flush" in said
+
+
+def test_without_the_shim_only_this_machines_point_is_measured_and_the_reason_is_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slowdisk, "LIBRARY", tmp_path / "build" / "slowsync.so")
+    monkeypatch.setenv("CC", "no-such-compiler")  # the shim is not built and cannot be
+    curve = flushcurve.measure_flush_curve(messages=40)
+
+    assert curve.skipped == "no C compiler (no-such-compiler) to build the slow-disk shim"
+    [here] = curve.points
+    assert here.fsyncs == {"consume": None, "raw": None} and here.rates["consume"] > 0
+    said = flushcurve.describe_flush_curve(curve)
+    assert "No curve and no slow-disk point: no C compiler (no-such-compiler)" in said
+    with pytest.raises(slowdisk.NoShim):
+        curve.ratio(0.001)  # no fsyncs counted: nothing to predict with
+    import matplotlib.pyplot as plt
+    figure = flushcurve.plot_flush_curve(curve)
+    assert "no C compiler" in figure.get_suptitle()
+    plt.close(figure)
+
+
+def test_the_worker_loop_commits_once_per_message_where_claim_then_ack_commits_twice() -> None:
+    ways = flushcurve.consume_transactions()
+
+    each, loop = ways["claim, then ACK"], ways["the worker loop (drain)"]
+    assert [(t.claimed, t.acked, t.fsynced, t.pages) for t in each] == [
+        (("E0001",), (), False, 4), ((), ("E0001",), True, 4),
+        (("E0002",), (), False, 4), ((), ("E0002",), True, 4),
+        (("E0003",), (), False, 4), ((), ("E0003",), True, 4)]
+    assert [(t.claimed, t.acked, t.fsynced, t.pages) for t in loop] == [
+        (("E0001",), (), False, 4), (("E0002",), ("E0001",), True, 5),
+        (("E0003",), ("E0002",), True, 5), ((), ("E0003",), True, 4)]
+    assert loop[1].label == "ACK E0001\nclaim E0002"
+    import matplotlib.pyplot as plt
+    figure = flushcurve.plot_transactions(ways)
+    assert len(figure.axes[0].patches) == len(each) + len(loop)
+    plt.close(figure)
