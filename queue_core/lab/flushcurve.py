@@ -3,11 +3,12 @@
 On a disk whose flush takes a tenth of a millisecond a queue is CPU-bound,
 and its ratio to raw commits says little; on a consumer SSD or a cloud
 volume a flush takes 1 to 10 ms, and one fsync per message is the physical
-limit. ``measure_flush_curve`` measures, in a few seconds, two workloads in
-a child process: the worker loop (``drain``: each ACK, with its effect,
-claims the next message in the same transaction) and a raw single-row
-commit. For each it counts CPU seconds (user + system) and fsyncs per
-message, and predicts
+limit. ``measure_flush_curve`` measures, in a few seconds, three workloads
+in a child process: the worker loop (``drain``: each ACK, with its effect,
+claims the next message in the same transaction), the same messages
+claimed and then acknowledged in two transactions (``claim``, then
+``complete``), and a raw single-row commit. For each it counts CPU seconds
+(user + system) and fsyncs per message, and predicts
 
     rate(L) = 1 / (cpu + fsyncs * L)     for a flush latency L,
 
@@ -21,11 +22,6 @@ not Linux) only this machine's point is measured, and the reason is kept.
     flush_curve_frame(curve)              # predicted rates and ratio at a few latencies
     plot_flush_curve(curve)               # pandas and matplotlib load only here
 
-Why one fsync per message: ``consume_transactions`` records every commit
-of a small run, consumed with ``claim`` then ``complete`` (two commits per
-message) and with ``drain`` (one), with the pages each writes and whether
-it waited for an fsync; ``plot_transactions`` draws them.
-
 Run as ``python -m queue_core.lab.flushcurve FOLDER MESSAGES``, this module is
 that child: it prints one JSON line with its measurements.
 """
@@ -37,6 +33,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +41,9 @@ from typing import Any, Sequence
 
 from .slowdisk import DELAY_US, NoShim, ROOT, flush_calls, flush_latency, shim_env
 
-WORKLOADS = ("consume", "raw")
-LABELS = {"consume": "worker loop (drain)", "raw": "raw commit"}  # messages per second of each
+WORKLOADS = ("consume", "each", "raw")
+LABELS = {"consume": "worker loop (drain)", "each": "claim, then ACK",  # messages per second
+          "raw": "raw commit"}
 # Frames written before the measured ones: more than SQLite's automatic checkpoint
 # (1,000 pages), so both logs have wrapped and their commits overwrite blocks the
 # file already has, as a long-running service's do; appending to a growing file
@@ -79,7 +77,11 @@ class Point:
 
     @property
     def ratio(self) -> float:
-        return self.rates["consume"] / self.rates["raw"]
+        """The worker loop's measured rate over the raw commits'."""
+        return self.ratio_of("consume")
+
+    def ratio_of(self, workload: str, over: str = "raw") -> float:
+        return self.rates[workload] / self.rates[over]
 
 
 @dataclass(frozen=True)
@@ -89,16 +91,17 @@ class FlushCurve:
     delay_s: float            # the shim's added delay
     skipped: str | None       # why the slow-disk point is missing, if it is
 
-    def ratio(self, flush_s: float) -> float:
-        """Predicted consume rate over raw commit rate at flush latency ``flush_s``."""
-        return self.costs["consume"].rate(flush_s) / self.costs["raw"].rate(flush_s)
+    def ratio(self, flush_s: float, workload: str = "consume", over: str = "raw") -> float:
+        """Predicted rate of ``workload`` over ``over``'s at flush latency ``flush_s``."""
+        return self.costs[workload].rate(flush_s) / self.costs[over].rate(flush_s)
 
 
 # -- the child ------------------------------------------------------------------
 
 def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
-    """Measure both workloads in this process, in alternating slices so that
-    both meet the same disk; the shim, if loaded, counts the flushes.
+    """Measure the workloads in this process, in alternating slices so that
+    all meet the same disk; the shim, if loaded, counts the flushes. The two
+    ways of consuming take turns at one queue.
 
     The flush latency the run met is the raw commits' own: their wall time
     less their CPU time, per flush.
@@ -107,15 +110,15 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
     from ..handler import Handler
     from ..queue import Queue
     from ..storage import connect
-    from ..worker import drain
+    from ..worker import drain, finish, finish_and_claim, process_one
 
     queue, handler = Queue(folder / "queue.sqlite3"), Handler()
     warm = WARM_PAGES // 4  # the worker loop writes 4 or 5 pages a message
     keep = connect(queue.path)  # open throughout: closing the last connection deletes the log
     with Queue(queue.path, synchronous="OFF").session() as unsynced:  # not measured
-        unsynced.enqueue_jsonl(_orders(messages, messages + warm))
+        unsynced.enqueue_jsonl(_orders(2 * messages + 1, 2 * messages + 1 + warm))
         drain(unsynced, handler)
-    queue.enqueue_jsonl(_orders(0, messages))
+    queue.enqueue_jsonl(_orders(0, 2 * messages + 1))
     conn = connect(folder / "raw.sqlite3")  # the pragmas the queue uses: WAL, FULL
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("CREATE TABLE raw (id INTEGER PRIMARY KEY, payload TEXT NOT NULL) STRICT")
@@ -125,10 +128,17 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
     conn.execute("PRAGMA synchronous = FULL")
     per_slice = messages // slices
     totals = {name: {"wall_s": 0.0, "cpu_s": 0.0, "flushes": 0} for name in WORKLOADS}
+    held: list[Any] = []  # the lease the worker loop's last ACK claimed: the next slice goes on
 
-    def consume() -> None:
-        done: list[object] = []
-        drain(queue, handler, on_outcome=done.append, stop=lambda: len(done) >= per_slice)
+    def consume() -> None:  # drain's steady state: each ACK claims the next message
+        lease = held.pop() if held else queue.claim()
+        for _ in range(per_slice):
+            _, lease = finish_and_claim(queue, lease, handler)
+        held.append(lease)
+
+    def each() -> None:  # the course's loop: claim, then complete
+        for _ in range(per_slice):
+            process_one(queue, handler)
 
     def commits() -> None:
         for i in range(per_slice):
@@ -137,14 +147,15 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
             conn.execute("COMMIT")
     with queue.session():
         for _ in range(slices):
-            for name, work in (("consume", consume), ("raw", commits)):
+            for name, work in (("consume", consume), ("each", each), ("raw", commits)):
                 for key, value in _timed(work).items():
                     totals[name][key] = None if value is None or totals[name][key] is None \
                         else totals[name][key] + value
+        finish(queue, held.pop(), handler)  # not measured: the last lease, acknowledged
     conn.close()
     keep.close()
     snap = snapshot(queue.path)
-    if snap.status.states["done"] != per_slice * slices + warm or check(snap):
+    if snap.status.states["done"] != 2 * per_slice * slices + 1 + warm or check(snap):
         raise RuntimeError(f"the probe's queue is not exactly once: {snap.status.states}")
     raw = totals["raw"]
     flush_s = ((raw["wall_s"] - raw["cpu_s"]) / raw["flushes"] if raw["flushes"]
@@ -217,176 +228,90 @@ def _point(label: str, run: dict[str, Any]) -> Point:
 
 def flush_curve_frame(curve: FlushCurve,
                       latencies_ms: Sequence[float] = (0.1, 0.5, 1, 2, 5, 10)) -> Any:
-    """Predicted messages per second of both workloads, and their ratio, at a few latencies."""
+    """Predicted messages per second of each workload, and the worker loop's
+    ratio to the others, at a few latencies."""
     import pandas as pd
 
     return pd.DataFrame([{"flush ms": ms,
                           **{LABELS[name]: round(curve.costs[name].rate(ms / 1000))
                              for name in WORKLOADS},
-                          "worker loop / raw": round(curve.ratio(ms / 1000), 3)}
+                          "worker loop / raw": round(curve.ratio(ms / 1000), 3),
+                          "worker loop / claim, then ACK": round(
+                              curve.ratio(ms / 1000, over="each"), 3)}
                          for ms in latencies_ms]).set_index("flush ms")
 
 
 def describe_flush_curve(curve: FlushCurve) -> str:
     """This run's figures in sentences: costs per message, each point, the prediction."""
-    here, loop, raw = curve.points[0], curve.costs["consume"], curve.costs["raw"]
+    here, costs = curve.points[0], curve.costs
     said = [f"A raw commit here waited {here.flush_s * 1000:.2f} ms for its flush (its time off "
-            f"the CPU); per message the worker loop used {loop.cpu_s * 1000:.3f} ms of CPU, a "
-            f"raw commit {raw.cpu_s * 1000:.3f} ms."]
+            "the CPU). CPU per message: " + ", ".join(
+                f"{LABELS[name]} {costs[name].cpu_s * 1000:.3f} ms" for name in WORKLOADS) + "."]
     if curve.skipped is not None:
         return "\n".join(said + [
             f"At this machine's flush the worker loop reached {here.ratio:.2f} of the raw "
-            "commit rate.",
+            f"commit rate, claim then ACK {here.ratio_of('each'):.2f}.",
             f"No curve and no slow-disk point: {curve.skipped}. The fsyncs per message "
             "were not counted, and the curve needs them. With a C compiler (cc, or the one "
             "$CC names) the next run builds the shim into build/, as make bench does."])
-    said.append(f"Fsyncs per message: {loop.fsyncs:.2f} for the worker loop, "
-                f"{raw.fsyncs:.2f} for a raw commit.")
+    said.append("Fsyncs per message: " + ", ".join(
+        f"{LABELS[name]} {costs[name].fsyncs:.2f}" for name in WORKLOADS) + ".")
     for point in curve.points:
         said.append(f"{point.label[0].upper()}{point.label[1:]} ({point.flush_s * 1000:.2f} ms "
                     f"a flush): the worker loop reached {point.ratio:.2f} of the raw commit "
-                    f"rate, {curve.ratio(point.flush_s):.2f} predicted.")
-    said.append("Predicted at 0.1, 1 and 10 ms a flush: " + ", ".join(
-        f"{curve.ratio(ms / 1000):.2f}" for ms in (0.1, 1, 10)) + " of the raw commit rate; "
+                    f"rate ({curve.ratio(point.flush_s):.2f} predicted), claim then ACK "
+                    f"{point.ratio_of('each'):.2f} ({curve.ratio(point.flush_s, 'each'):.2f}).")
+    said.append("Predicted at 0.1, 1 and 10 ms a flush: the worker loop at " + ", ".join(
+        f"{curve.ratio(ms / 1000):.2f}" for ms in (0.1, 1, 10)) + " of the raw commit rate, "
+        "and at " + ", ".join(f"{curve.ratio(ms / 1000, over='each'):.2f}" for ms in (0.1, 1, 10))
+        + " times the rate of claim then ACK: "
         + ("the slower the flush, the more one fsync per message is the whole price."
            if curve.ratio(0.0001) < curve.ratio(0.001) < curve.ratio(0.01) else
-           "on this run the CPU cost per message was below the raw commit's, so the ratio "
-           "falls as the flush grows; run it again."))
-    return "\n".join(said)
+           "on this run the CPU costs did not order as they usually do; run it again."))
+    return "\n".join(textwrap.fill(line, 100) for line in said)
 
 
 def plot_flush_curve(curve: FlushCurve, title: str = "Rate against flush latency") -> Any:
-    """Predicted rate (lines) and measured points of both workloads; their ratio beside."""
+    """Predicted rates (lines) and measured points of each workload; the two
+    ways of consuming over raw commits beside."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     low = min(0.05, min(p.flush_s for p in curve.points) * 1000 / 2)
     ms = np.geomspace(low, 20, 200)
-    counted = curve.skipped is None  # without the shim: the measured point only, no curve
-    fig, (rates, ratio) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, color in (("raw", "tab:red"), ("consume", "tab:blue")):
-        cost = curve.costs[name]
+    counted = curve.skipped is None  # without the shim: the measured points only, no curve
+    colours = {"raw": "tab:red", "each": "tab:orange", "consume": "tab:blue"}
+    fig, (rates, ratio) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for name, colour in colours.items():
         if counted:
-            rates.plot(ms, [cost.rate(x / 1000) for x in ms], color=color,
+            rates.plot(ms, [curve.costs[name].rate(x / 1000) for x in ms], color=colour,
                        label=f"{LABELS[name]}, predicted")
         rates.plot([p.flush_s * 1000 for p in curve.points],
-                   [p.rates[name] for p in curve.points], "o", color=color,
+                   [p.rates[name] for p in curve.points], "o", color=colour,
                    label=f"{LABELS[name]}, measured")
-    if counted:
-        ratio.plot(ms, [curve.ratio(x / 1000) for x in ms], color="tab:purple", label="predicted")
-    ratio.plot([p.flush_s * 1000 for p in curve.points], [p.ratio for p in curve.points], "o",
-               color="tab:purple", label="measured")
+        if name == "raw":
+            continue
+        if counted:
+            ratio.plot(ms, [curve.ratio(x / 1000, name) for x in ms], color=colour,
+                       label=f"{LABELS[name]}, predicted")
+        ratio.plot([p.flush_s * 1000 for p in curve.points],
+                   [p.ratio_of(name) for p in curve.points], "o", color=colour,
+                   label=f"{LABELS[name]}, measured")
     for point in curve.points:
-        ratio.annotate(point.label, (point.flush_s * 1000, point.ratio), fontsize="small",
-                       textcoords="offset points", xytext=(0, -16), ha="center")
+        ratio.annotate(point.label, (point.flush_s * 1000, min(point.ratio_of("each"),
+                                                             point.ratio)),
+                       fontsize="small", textcoords="offset points", xytext=(0, -16), ha="center")
     ratio.axhline(1, color="grey", linestyle=":", label="as fast as raw commits")
-    top = max(1.15, *(1.1 * p.ratio for p in curve.points))
+    top = max(1.15, *(1.1 * p.ratio_of(name) for p in curve.points for name in ("each", "consume")))
     rates.set(xscale="log", yscale="log", xlabel="flush latency (ms)",
               ylabel="messages per second", title="Messages per second")
     ratio.set(xscale="log", ylim=(0, top), xlim=(ms[0], ms[-1]), xlabel="flush latency (ms)",
-              ylabel="worker loop rate / raw commit rate",
-              title="The worker loop against raw commits")
+              ylabel="rate / raw commit rate", title="Consuming, against raw commits")
     for ax, corner in ((rates, "lower left"), (ratio, "lower right")):
         ax.grid(alpha=0.3, which="both")
         ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")  # 0.1, 1, 10
         ax.legend(fontsize="small", loc=corner)
     fig.suptitle(title if counted else f"{title} ({curve.skipped})")
-    fig.tight_layout()
-    return fig
-
-
-# -- the commits of one message --------------------------------------------------
-
-@dataclass(frozen=True)
-class Transaction:
-    """One commit of a consume run: the messages it acknowledged and claimed,
-    whether it waited for an fsync (FULL), and the WAL pages it wrote."""
-
-    acked: tuple[str, ...]
-    claimed: tuple[str, ...]
-    fsynced: bool
-    pages: int
-
-    @property
-    def label(self) -> str:
-        return "\n".join([*(f"ACK {e}" for e in self.acked), *(f"claim {e}" for e in self.claimed)])
-
-
-def _claim_then_ack(open_queue: Any, clock: Any) -> None:
-    from ..handler import Handler
-
-    queue = open_queue()
-    queue.enqueue_jsonl(_orders(1, 4))
-    while (lease := queue.claim()) is not None:
-        queue.complete(lease, Handler())
-
-
-def _worker_loop(open_queue: Any, clock: Any) -> None:
-    from ..handler import Handler
-    from ..worker import drain
-
-    queue = open_queue()
-    queue.enqueue_jsonl(_orders(1, 4))
-    drain(queue, Handler())
-
-
-CONSUMERS = {"claim, then ACK": _claim_then_ack, "the worker loop (drain)": _worker_loop}
-
-
-def consume_transactions() -> dict[str, tuple[Transaction, ...]]:
-    """Three orders consumed each way (``CONSUMERS``) on a fresh file at the
-    default durability: every commit after the enqueue, in order, read from
-    the WAL (checkpoints off) as the power-loss sweep reads it."""
-    from ..handler import Handler
-    from ..values import State
-    from .powerloss import Scenario, record
-
-    found = {}
-    with tempfile.TemporaryDirectory(prefix="queue-commits-") as tmp:
-        for n, (way, play) in enumerate(CONSUMERS.items()):
-            run = record(Scenario(f"way{n}", play, Handler, {}, {}), Path(tmp), "FULL")
-            ends = [0, *(commit.frames for commit in run.commits)]
-            found[way] = tuple(
-                Transaction(tuple(t.event_id for t in c.journal if t.to_state == State.DONE),
-                            tuple(t.event_id for t in c.journal if t.to_state == State.LEASED),
-                            c.durable, end - start)
-                for c, start, end in zip(run.commits, ends, ends[1:]) if c.kind != "enqueue")
-    return found
-
-
-def plot_transactions(ways: dict[str, tuple[Transaction, ...]],
-                      title: str = "Three messages consumed two ways: every commit") -> Any:
-    """One row per way: each commit a box as wide as the pages it wrote, in
-    order; a black bar where it waited for its fsync."""
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch, Rectangle
-
-    colours = {"claim": "#c6dbef", "ACK": "#3182bd", "ACK that claims the next": "#756bb1"}
-    widest = max(sum(t.pages for t in commits) for commits in ways.values())
-    fig, ax = plt.subplots(figsize=(11, 1.1 * len(ways) + 1.3))
-    for y, commits in enumerate(ways.values()):
-        x = 0
-        for t in commits:
-            kind = "ACK that claims the next" if t.acked and t.claimed else \
-                "ACK" if t.acked else "claim"
-            ax.add_patch(Rectangle((x, y - 0.32), t.pages, 0.64, fc=colours[kind], ec="white",
-                                   lw=2))
-            ax.text(x + t.pages / 2, y, t.label, ha="center", va="center", fontsize=8,
-                    color="black" if kind == "claim" else "white")
-            if t.fsynced:
-                ax.plot([x + t.pages] * 2, [y - 0.42, y + 0.42], color="black", lw=3)
-            x += t.pages
-        ax.text(x + 0.6, y, f"{len(commits)} commits\n{sum(t.fsynced for t in commits)} fsyncs"
-                f"\n{x} pages", va="center", fontsize=9)
-    ax.set(xlim=(0, widest + 5), ylim=(len(ways) - 0.5, -0.5), title=title,
-           xlabel="WAL pages written, commit after commit (each box: one commit)")
-    ax.set_yticks(range(len(ways)), list(ways))
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.legend(handles=[*(Patch(color=c, label=k) for k, c in colours.items()),
-                       Line2D([], [], color="black", lw=3, label="the commit waits for an fsync")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, frameon=False,
-              fontsize="small")
     fig.tight_layout()
     return fig
 
