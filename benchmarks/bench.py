@@ -96,15 +96,18 @@ class Plan:
     slow: bool = False  # also the slow-disk regime, in a child process tree
     batches: tuple[int, ...] = (1, 10, 100)
     durable_peers_only: bool = False  # only peers whose every commit fsyncs (the slow regime)
+    normal: bool = False  # our synchronous=NORMAL option beside the NORMAL peers (full runs it)
+    bare: bool = True  # the bare two-commit protocol, for scale
 
 
 FULL = Plan(rounds=12, budget_s=150.0, raw=40, single=100, k10=400, k100=2000,
             sizes=(1_000, 10_000, 100_000), full=True, peers=True, postgres=200, slow=True)
 QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
              sizes=(1_000, 10_000), full=False)
-# A few seconds for notebook 08: ours and the peers, and one probe round.
+# A few seconds for notebook 08: ours (one at a time, batched, NORMAL) and the peers, at
+# like durability, consumer side; and one probe round.
 PEERS_QUICK = Plan(rounds=3, budget_s=1.0, raw=8, single=30, k10=60, k100=300, sizes=(),
-                   full=False, peers=True, safety=(100, 1))
+                   full=False, peers=True, safety=(100, 1), normal=True, bare=False)
 # The slow-disk regime: every flush 2 ms; ours against the peers that fsync every commit.
 SLOW = Plan(rounds=8, budget_s=60.0, raw=25, single=60, k10=0, k100=1000, sizes=(),
             full=False, peers=True, safety=(0, 0), batches=(100,), durable_peers_only=True)
@@ -124,7 +127,7 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
     process; the peers share a process of their own; PostgreSQL's cases
     (with ``schemas``) put each queue in a fresh schema."""
     n, one = plan.single, pool[:1]
-    if not plan.durable_peers_only:
+    if plan.bare and not plan.durable_peers_only:
         yield BareProtocol(workdir, n)
     if plan.full or plan.peers:
         yield EndToEnd("single", "ours, single message, 1 worker", workdir, n,
@@ -140,7 +143,7 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
                        op="batch", k=k, workers=one)
     for size in plan.sizes:
         yield QueueSize(workdir, size, n, pool[0])
-    if plan.full:
+    if plan.full or plan.normal:
         yield EndToEnd("single_normal", "ours, single message, NORMAL (option)",
                        workdir, n, op="drain", sync="NORMAL", workers=one)
     if peer_worker is not None:

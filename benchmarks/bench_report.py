@@ -10,6 +10,7 @@ the producer, whose batching each row names.
 from __future__ import annotations
 
 import resource
+import statistics
 from typing import Any, Callable
 
 from bench_cases import Case, QueueSize
@@ -36,6 +37,7 @@ def summarise(cases: list[Case], raws: list[Case], memory: tuple[int, float] | N
         "end_to_end": {case.name: case.end_to_end() for case in every},
         "vs_raw": vs_raw,
         "e2e_vs_raw": e2e_vs_raw,
+        "raw_around": {case.name: raw_around(case) for case in cases},
         "flushes": {case.name: flushes_per_message(case) for case in every},
         "samples": {case.name: list(case.relative) for case in cases},
         "labels": {case.name: case.label for case in every},
@@ -50,6 +52,12 @@ def summarise(cases: list[Case], raws: list[Case], memory: tuple[int, float] | N
         "peers_missing": missing or [],
         "safety": safety or {},
     }
+
+
+def raw_around(case: Case) -> float:
+    """The raw commit rate each slice of ``case`` was divided by (the mean of the
+    raw slices just before and just after it), median over its slices."""
+    return statistics.median(_rate(s) / r for s, r in zip(case.slices, case.relative))
 
 
 def flushes_per_message(case: Case) -> float | None:

@@ -1,11 +1,16 @@
-"""Notebook 10's measurements: the reference scenario on PostgreSQL, and
-throughput runs whose every event must be done exactly once."""
+"""Notebook 10's measurements: the reference scenario on PostgreSQL, throughput
+runs whose every event must be done exactly once, the worker loop's commits
+and round trips on PostgreSQL, and the sentences that explain a run's trend."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
-from queue_core.lab import measure_scaling, play_scenario, scaling_frame
+from queue_core import audit
+from queue_core.lab import measure_scaling, play_scenario, plot_scaling, scaling_frame
+from queue_core.lab.scaling import (CommitCost, ScalingRow, busy_share, commit_cost, cpu_ticks,
+                                    describe_scaling, pg_round_trips)
 
 
 def test_the_reference_scenario_gives_the_same_figures_on_postgres_with_a_crashing_process(
@@ -28,4 +33,111 @@ def test_a_timed_run_of_worker_processes_does_every_event_exactly_once(
     assert (row.done, row.effects, row.reported_twice, row.findings) == (30, 30, 0, ())
     assert row.total == row.expected_total == sum(100 + n for n in range(1, 31))
     assert row.exactly_once and row.seconds > 0
+    assert row.cpu_busy is None if cpu_ticks() is None else 0 <= row.cpu_busy <= 1
     assert scaling_frame([row])["exactly once"].tolist() == [True]
+
+
+def test_the_worker_loop_on_postgres_commits_once_and_waits_three_times_per_message(
+        pg_dsn: str) -> None:
+    traced = pg_round_trips(pg_dsn, messages=6)
+
+    # the first claim alone travels with its COMMIT; each ACK that claims the next
+    # waits for the fence read, for the ACK's row count, and for the COMMIT
+    assert traced.round_trips == (1, 3, 3, 3, 3, 3, 3)
+    assert traced.commits == (1,) * 7
+    assert traced.synchronous_commit == "on"
+    snap = audit.snapshot(pg_dsn)
+    assert (dict(snap.status.states), snap.status.effects, snap.money, audit.check(snap)) == (
+        {"ready": 0, "leased": 0, "done": 6, "dead": 0}, 6, sum(100 + n for n in range(1, 7)), [])
+
+
+def test_commit_cost_times_both_settings_on_either_store_and_leaves_nothing_behind(
+        store: str) -> None:
+    cost = commit_cost(store, commits=4)
+
+    assert cost.store == ("postgres" if "://" in store else "sqlite")
+    assert cost.commit_s > 0 and cost.unsynced_s > 0 and cost.flush_s >= 0
+    if cost.store == "postgres":
+        with psycopg.connect(store) as conn:
+            assert conn.execute("SELECT to_regclass('commit_probe')").fetchone() == (None,)
+
+
+def test_busy_share_is_the_busy_part_of_the_ticks_between_two_readings() -> None:
+    assert busy_share((10, 100), (60, 200)) == 0.5
+    assert busy_share(None, (60, 200)) is None
+    assert busy_share((10, 100), (10, 100)) is None  # no time passed: no share
+    ticks = cpu_ticks()
+    if ticks is not None:  # Linux
+        assert 0 <= ticks[0] <= ticks[1]
+
+
+def row(store: str, workers: int, seconds: float, busy: float | None) -> ScalingRow:
+    return ScalingRow(store, workers, 300, seconds, 300, 300, 0, 45150, 45150, (), busy)
+
+
+COSTS = {"sqlite": CommitCost("sqlite", 0.0002, 0.00001),
+         "postgres": CommitCost("postgres", 0.0012, 0.0002)}
+
+
+@pytest.mark.parametrize("pg_seconds, pg_busy, flush, expected", [
+    ((1.0, 0.5, 0.45), 0.9, 0.001, "filled the first one's waits with work of its own"),
+    ((1.0, 0.5, 0.45), 0.3, 0.0001, "The second worker ran on the idle cores."),
+    ((1.0, 1.1, 1.2), 0.99, 0.0001, "Little was left to fill"),
+    ((1.0, 1.1, 1.2), 0.3, 0.001, "It stayed level all the same."),
+], ids=["rose-flush", "rose-idle-cores", "level-nothing-to-fill", "level-against-the-measures"])
+def test_the_printed_reasons_follow_the_run_figures(
+        pg_seconds: tuple[float, float, float], pg_busy: float, flush: float,
+        expected: str) -> None:
+    rows = [row("sqlite", 1, 0.3, 0.5), row("sqlite", 2, 0.3, 0.6), row("sqlite", 4, 0.3, 0.6),
+            *(row("postgres", n, s, pg_busy) for n, s in zip((1, 2, 4), pg_seconds))]
+    costs = {**COSTS, "postgres": CommitCost("postgres", flush + 0.0001, 0.0001)}
+
+    said = " ".join(describe_scaling(rows, cores=2, background=0.1, costs=costs).split())
+
+    assert said.startswith("This machine has 2 CPU cores; before the runs, other programs kept "
+                           "them 10% busy.")
+    assert "sqlite: 1000 messages/s with 1 worker; 2 workers: 1.00 times that" in said
+    assert "Here a second worker only queued for the lock." in said
+    assert expected in said
+    verdicts = {"filled the first one's waits with work of its own",
+                "The second worker ran on the idle cores.",
+                "Little was left to fill", "all the same."}
+    assert [words for words in verdicts if words in said] == [
+        words for words in verdicts if words in expected]
+
+
+def test_without_cpu_counters_the_sentences_say_so_and_give_no_verdict_on_cores() -> None:
+    rows = [row(s, n, 0.3, None) for s in ("sqlite", "postgres") for n in (1, 2, 4)]
+
+    said = " ".join(describe_scaling(rows, cores=None, background=None, costs=COSTS).split())
+
+    assert "how busy other programs kept them is not measured on this system" in said
+    assert "cores were idle" not in said
+
+
+def test_the_scaling_figure_draws_what_one_worker_waits_for_beside_the_rates() -> None:
+    import matplotlib.pyplot as plt
+
+    rows = [row(s, n, 0.3 * n, 0.5) for s in ("sqlite", "postgres") for n in (1, 2, 4)]
+    figure = plot_scaling(rows, costs=COSTS)
+    try:
+        rates, waits = figure.axes
+        assert [line.get_label() for line in rates.get_lines()] == ["sqlite", "postgres"]
+        assert [tick.get_text() for tick in waits.get_yticklabels()] == ["sqlite", "postgres"]
+        assert len(waits.patches) == 4  # per store: a message, and a commit's flush
+    finally:
+        plt.close(figure)
+    alone = plot_scaling(rows)
+    assert len(alone.axes) == 1
+    plt.close(alone)
+
+
+def test_a_sqlite_run_that_rose_is_told_what_could_overlap_and_what_could_not() -> None:
+    rows = [row("sqlite", 1, 0.6, 0.9), row("sqlite", 2, 0.4, 0.9), row("sqlite", 4, 0.4, 0.9)]
+
+    said = " ".join(describe_scaling(rows, cores=2, background=0.9).split())
+
+    assert "From 1 to 2 workers it rose" in said
+    assert "the commits go one at a time, whatever the number of workers. It rose here all the " \
+           "same: what one worker does outside the lock" in said
+    assert "PostgreSQL" not in said

@@ -65,18 +65,46 @@ def test_the_flush_curve_counts_one_fsync_per_message_and_meets_its_slow_point()
     shim_or_skip()
     curve = flushcurve.measure_flush_curve(messages=60)
 
-    consume, raw = curve.costs["consume"], curve.costs["raw"]
+    consume, each, raw = curve.costs["consume"], curve.costs["each"], curve.costs["raw"]
     assert raw.fsyncs == 1.0
     assert consume.fsyncs is not None and 1.0 <= consume.fsyncs <= 1.2
-    assert 0 < raw.cpu_s < consume.cpu_s < 0.05
+    assert each.fsyncs is not None and 1.0 <= each.fsyncs <= 1.2
+    assert 0 < raw.cpu_s < consume.cpu_s < 0.05 and 0 < raw.cpu_s < each.cpu_s < 0.05
     fast, slow = curve.points
     assert slow.flush_s >= 0.002 and fast.flush_s > 0  # the shim's 2 ms on top of the disk's
     assert curve.skipped is None
     # as the flush grows, one fsync each: the predicted ratio climbs towards 1
     assert curve.ratio(0.0001) < curve.ratio(0.002) < curve.ratio(0.01) < 1.0
+    assert curve.ratio(0.002, "each") < 1.0
     figure = flushcurve.plot_flush_curve(curve)
     assert len(figure.axes) == 2
     import matplotlib.pyplot as plt
     plt.close(figure)
     frame = flushcurve.flush_curve_frame(curve, latencies_ms=(1, 2))
-    assert list(frame.index) == [1, 2] and frame["consume / raw"].between(0, 1).all()
+    assert list(frame.index) == [1, 2] and frame["worker loop / raw"].between(0, 1).all()
+    assert list(frame.columns) == ["worker loop (drain)", "claim, then ACK", "raw commit",
+                                   "worker loop / raw", "worker loop / claim, then ACK"]
+    said = " ".join(flushcurve.describe_flush_curve(curve).split())
+    assert (f"Fsyncs per message: worker loop (drain) {consume.fsyncs:.2f}, claim, then ACK "
+            f"{each.fsyncs:.2f}, raw commit 1.00.") in said
+    assert "2 ms added to every flush" in said
+
+
+def test_without_the_shim_only_this_machines_point_is_measured_and_the_reason_is_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slowdisk, "LIBRARY", tmp_path / "build" / "slowsync.so")
+    monkeypatch.setenv("CC", "no-such-compiler")  # the shim is not built and cannot be
+    curve = flushcurve.measure_flush_curve(messages=40)
+
+    assert curve.skipped == "no C compiler (no-such-compiler) to build the slow-disk shim"
+    [here] = curve.points
+    assert here.fsyncs == {"consume": None, "each": None, "raw": None}
+    assert here.rates["consume"] > 0 and here.rates["each"] > 0
+    said = " ".join(flushcurve.describe_flush_curve(curve).split())
+    assert "No curve and no slow-disk point: no C compiler (no-such-compiler)" in said
+    with pytest.raises(slowdisk.NoShim):
+        curve.ratio(0.001)  # no fsyncs counted: nothing to predict with
+    import matplotlib.pyplot as plt
+    figure = flushcurve.plot_flush_curve(curve)
+    assert "no C compiler" in figure.get_suptitle()
+    plt.close(figure)

@@ -3,10 +3,12 @@
 On a disk whose flush takes a tenth of a millisecond a queue is CPU-bound,
 and its ratio to raw commits says little; on a consumer SSD or a cloud
 volume a flush takes 1 to 10 ms, and one fsync per message is the physical
-limit. ``measure_flush_curve`` measures, in a few seconds, two workloads in
-a child process: our single-message consume (``drain``: claim, effect and
-ACK) and a raw single-row commit. For each it counts CPU seconds (user +
-system) and fsyncs per message, and predicts
+limit. ``measure_flush_curve`` measures, in a few seconds, three workloads
+in a child process: the worker loop (``drain``: each ACK, with its effect,
+claims the next message in the same transaction), the same messages
+claimed and then acknowledged in two transactions (``claim``, then
+``complete``), and a raw single-row commit. For each it counts CPU seconds
+(user + system) and fsyncs per message, and predicts
 
     rate(L) = 1 / (cpu + fsyncs * L)     for a flush latency L,
 
@@ -16,6 +18,7 @@ machine's own flush and the slow disk. Without the shim (no C compiler,
 not Linux) only this machine's point is measured, and the reason is kept.
 
     curve = measure_flush_curve()
+    print(describe_flush_curve(curve))    # this run's figures, in words
     flush_curve_frame(curve)              # predicted rates and ratio at a few latencies
     plot_flush_curve(curve)               # pandas and matplotlib load only here
 
@@ -30,6 +33,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +41,14 @@ from typing import Any, Sequence
 
 from .slowdisk import DELAY_US, NoShim, ROOT, flush_calls, flush_latency, shim_env
 
-WORKLOADS = ("consume", "raw")
-LABELS = {"consume": "consume (drain)", "raw": "raw commit"}  # messages per second of each
+WORKLOADS = ("consume", "each", "raw")
+LABELS = {"consume": "worker loop (drain)", "each": "claim, then ACK",  # messages per second
+          "raw": "raw commit"}
+# Frames written before the measured ones: more than SQLite's automatic checkpoint
+# (1,000 pages), so both logs have wrapped and their commits overwrite blocks the
+# file already has, as a long-running service's do; appending to a growing file
+# costs the file system more per flush, and the two logs would not grow alike.
+WARM_PAGES = 1_100
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,11 @@ class Point:
 
     @property
     def ratio(self) -> float:
-        return self.rates["consume"] / self.rates["raw"]
+        """The worker loop's measured rate over the raw commits'."""
+        return self.ratio_of("consume")
+
+    def ratio_of(self, workload: str, over: str = "raw") -> float:
+        return self.rates[workload] / self.rates[over]
 
 
 @dataclass(frozen=True)
@@ -77,16 +91,17 @@ class FlushCurve:
     delay_s: float            # the shim's added delay
     skipped: str | None       # why the slow-disk point is missing, if it is
 
-    def ratio(self, flush_s: float) -> float:
-        """Predicted consume rate over raw commit rate at flush latency ``flush_s``."""
-        return self.costs["consume"].rate(flush_s) / self.costs["raw"].rate(flush_s)
+    def ratio(self, flush_s: float, workload: str = "consume", over: str = "raw") -> float:
+        """Predicted rate of ``workload`` over ``over``'s at flush latency ``flush_s``."""
+        return self.costs[workload].rate(flush_s) / self.costs[over].rate(flush_s)
 
 
 # -- the child ------------------------------------------------------------------
 
 def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
-    """Measure both workloads in this process, in alternating slices so that
-    both meet the same disk; the shim, if loaded, counts the flushes.
+    """Measure the workloads in this process, in alternating slices so that
+    all meet the same disk; the shim, if loaded, counts the flushes. The two
+    ways of consuming take turns at one queue.
 
     The flush latency the run met is the raw commits' own: their wall time
     less their CPU time, per flush.
@@ -95,20 +110,35 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
     from ..handler import Handler
     from ..queue import Queue
     from ..storage import connect
-    from ..worker import drain
+    from ..worker import drain, finish, finish_and_claim, process_one
 
     queue, handler = Queue(folder / "queue.sqlite3"), Handler()
-    queue.enqueue_jsonl("".join(json.dumps({"event_id": f"E{i:04d}", "payload": {
-        "category": "book", "amount_cents": 100 + i}}) + "\n" for i in range(messages)))
+    warm = WARM_PAGES // 4  # the worker loop writes 4 or 5 pages a message
+    keep = connect(queue.path)  # open throughout: closing the last connection deletes the log
+    with Queue(queue.path, synchronous="OFF").session() as unsynced:  # not measured
+        unsynced.enqueue_jsonl(_orders(2 * messages + 1, 2 * messages + 1 + warm))
+        drain(unsynced, handler)
+    queue.enqueue_jsonl(_orders(0, 2 * messages + 1))
     conn = connect(folder / "raw.sqlite3")  # the pragmas the queue uses: WAL, FULL
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("CREATE TABLE raw (id INTEGER PRIMARY KEY, payload TEXT NOT NULL) STRICT")
+    conn.execute("PRAGMA synchronous = OFF")
+    for _ in range(WARM_PAGES):  # not measured
+        conn.execute("INSERT INTO raw (payload) VALUES ('{}')")
+    conn.execute("PRAGMA synchronous = FULL")
     per_slice = messages // slices
     totals = {name: {"wall_s": 0.0, "cpu_s": 0.0, "flushes": 0} for name in WORKLOADS}
+    held: list[Any] = []  # the lease the worker loop's last ACK claimed: the next slice goes on
 
-    def consume() -> None:
-        done: list[object] = []
-        drain(queue, handler, on_outcome=done.append, stop=lambda: len(done) >= per_slice)
+    def consume() -> None:  # drain's steady state: each ACK claims the next message
+        lease = held.pop() if held else queue.claim()
+        for _ in range(per_slice):
+            _, lease = finish_and_claim(queue, lease, handler)
+        held.append(lease)
+
+    def each() -> None:  # the course's loop: claim, then complete
+        for _ in range(per_slice):
+            process_one(queue, handler)
 
     def commits() -> None:
         for i in range(per_slice):
@@ -117,18 +147,25 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
             conn.execute("COMMIT")
     with queue.session():
         for _ in range(slices):
-            for name, work in (("consume", consume), ("raw", commits)):
+            for name, work in (("consume", consume), ("each", each), ("raw", commits)):
                 for key, value in _timed(work).items():
                     totals[name][key] = None if value is None or totals[name][key] is None \
                         else totals[name][key] + value
+        finish(queue, held.pop(), handler)  # not measured: the last lease, acknowledged
     conn.close()
+    keep.close()
     snap = snapshot(queue.path)
-    if snap.status.states["done"] != per_slice * slices or check(snap):
+    if snap.status.states["done"] != 2 * per_slice * slices + 1 + warm or check(snap):
         raise RuntimeError(f"the probe's queue is not exactly once: {snap.status.states}")
     raw = totals["raw"]
     flush_s = ((raw["wall_s"] - raw["cpu_s"]) / raw["flushes"] if raw["flushes"]
                else flush_latency(folder))
     return {"messages": per_slice * slices, "flush_s": flush_s, **totals}
+
+
+def _orders(first: int, end: int) -> str:
+    return "".join(json.dumps({"event_id": f"E{i:04d}", "payload": {
+        "category": "book", "amount_cents": 100 + i}}) + "\n" for i in range(first, end))
 
 
 def _timed(work: Any) -> dict[str, float | None]:
@@ -177,7 +214,7 @@ def measure_flush_curve(messages: int = 300, delay_us: int = DELAY_US) -> FlushC
                      _run_child(messages, slow_env)))
     points = tuple(_point(label, run) for label, run in runs)
     first = runs[0][1]
-    costs = {name: Cost(name, first[name]["cpu_s"] / messages, points[0].fsyncs[name])
+    costs = {name: Cost(name, first[name]["cpu_s"] / first["messages"], points[0].fsyncs[name])
              for name in WORKLOADS}
     return FlushCurve(costs, points, delay_us / 1e6, skipped)
 
@@ -191,49 +228,89 @@ def _point(label: str, run: dict[str, Any]) -> Point:
 
 def flush_curve_frame(curve: FlushCurve,
                       latencies_ms: Sequence[float] = (0.1, 0.5, 1, 2, 5, 10)) -> Any:
-    """Predicted messages per second of both workloads, and their ratio, at a few latencies."""
+    """Predicted messages per second of each workload, and the worker loop's
+    ratio to the others, at a few latencies."""
     import pandas as pd
 
     return pd.DataFrame([{"flush ms": ms,
                           **{LABELS[name]: round(curve.costs[name].rate(ms / 1000))
                              for name in WORKLOADS},
-                          "consume / raw": round(curve.ratio(ms / 1000), 3)}
+                          "worker loop / raw": round(curve.ratio(ms / 1000), 3),
+                          "worker loop / claim, then ACK": round(
+                              curve.ratio(ms / 1000, over="each"), 3)}
                          for ms in latencies_ms]).set_index("flush ms")
 
 
+def describe_flush_curve(curve: FlushCurve) -> str:
+    """This run's figures in sentences: costs per message, each point, the prediction."""
+    here, costs = curve.points[0], curve.costs
+    said = [f"A raw commit here waited {here.flush_s * 1000:.2f} ms for its flush (its time off "
+            "the CPU). CPU per message: " + ", ".join(
+                f"{LABELS[name]} {costs[name].cpu_s * 1000:.3f} ms" for name in WORKLOADS) + "."]
+    if curve.skipped is not None:
+        return "\n".join(said + [
+            f"At this machine's flush the worker loop reached {here.ratio:.2f} of the raw "
+            f"commit rate, claim then ACK {here.ratio_of('each'):.2f}.",
+            f"No curve and no slow-disk point: {curve.skipped}. The fsyncs per message "
+            "were not counted, and the curve needs them. With a C compiler (cc, or the one "
+            "$CC names) the next run builds the shim into build/, as make bench does."])
+    said.append("Fsyncs per message: " + ", ".join(
+        f"{LABELS[name]} {costs[name].fsyncs:.2f}" for name in WORKLOADS) + ".")
+    for point in curve.points:
+        said.append(f"{point.label[0].upper()}{point.label[1:]} ({point.flush_s * 1000:.2f} ms "
+                    f"a flush): the worker loop reached {point.ratio:.2f} of the raw commit "
+                    f"rate ({curve.ratio(point.flush_s):.2f} predicted), claim then ACK "
+                    f"{point.ratio_of('each'):.2f} ({curve.ratio(point.flush_s, 'each'):.2f}).")
+    said.append("Predicted at 0.1, 1 and 10 ms a flush: the worker loop at " + ", ".join(
+        f"{curve.ratio(ms / 1000):.2f}" for ms in (0.1, 1, 10)) + " of the raw commit rate, "
+        "and at " + ", ".join(f"{curve.ratio(ms / 1000, over='each'):.2f}" for ms in (0.1, 1, 10))
+        + " times the rate of claim then ACK: "
+        + ("the slower the flush, the more one fsync per message is the whole price."
+           if curve.ratio(0.0001) < curve.ratio(0.001) < curve.ratio(0.01) else
+           "on this run the CPU costs did not order as they usually do; run it again."))
+    return "\n".join(textwrap.fill(line, 100) for line in said)
+
+
 def plot_flush_curve(curve: FlushCurve, title: str = "Rate against flush latency") -> Any:
-    """Predicted rate (lines) and measured points of both workloads; their ratio beside."""
+    """Predicted rates (lines) and measured points of each workload; the two
+    ways of consuming over raw commits beside."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     low = min(0.05, min(p.flush_s for p in curve.points) * 1000 / 2)
     ms = np.geomspace(low, 20, 200)
-    counted = curve.skipped is None  # without the shim: the measured point only, no curve
-    fig, (rates, ratio) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, color in (("raw", "tab:red"), ("consume", "tab:blue")):
-        cost = curve.costs[name]
+    counted = curve.skipped is None  # without the shim: the measured points only, no curve
+    colours = {"raw": "tab:red", "each": "tab:orange", "consume": "tab:blue"}
+    fig, (rates, ratio) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for name, colour in colours.items():
         if counted:
-            rates.plot(ms, [cost.rate(x / 1000) for x in ms], color=color,
+            rates.plot(ms, [curve.costs[name].rate(x / 1000) for x in ms], color=colour,
                        label=f"{LABELS[name]}, predicted")
         rates.plot([p.flush_s * 1000 for p in curve.points],
-                   [p.rates[name] for p in curve.points], "o", color=color,
+                   [p.rates[name] for p in curve.points], "o", color=colour,
                    label=f"{LABELS[name]}, measured")
-    if counted:
-        ratio.plot(ms, [curve.ratio(x / 1000) for x in ms], color="tab:purple", label="predicted")
-    ratio.plot([p.flush_s * 1000 for p in curve.points], [p.ratio for p in curve.points], "o",
-               color="tab:purple", label="measured")
+        if name == "raw":
+            continue
+        if counted:
+            ratio.plot(ms, [curve.ratio(x / 1000, name) for x in ms], color=colour,
+                       label=f"{LABELS[name]}, predicted")
+        ratio.plot([p.flush_s * 1000 for p in curve.points],
+                   [p.ratio_of(name) for p in curve.points], "o", color=colour,
+                   label=f"{LABELS[name]}, measured")
     for point in curve.points:
-        ratio.annotate(point.label, (point.flush_s * 1000, point.ratio), fontsize="small",
-                       textcoords="offset points", xytext=(6, -12))
+        ratio.annotate(point.label, (point.flush_s * 1000, min(point.ratio_of("each"),
+                                                             point.ratio)),
+                       fontsize="small", textcoords="offset points", xytext=(0, -16), ha="center")
     ratio.axhline(1, color="grey", linestyle=":", label="as fast as raw commits")
+    top = max(1.15, *(1.1 * p.ratio_of(name) for p in curve.points for name in ("each", "consume")))
     rates.set(xscale="log", yscale="log", xlabel="flush latency (ms)",
               ylabel="messages per second", title="Messages per second")
-    ratio.set(xscale="log", ylim=(0, 1.1), xlabel="flush latency (ms)",
-              ylabel="consume rate / raw commit rate", title="Consume against raw commits")
-    for ax in (rates, ratio):
+    ratio.set(xscale="log", ylim=(0, top), xlim=(ms[0], ms[-1]), xlabel="flush latency (ms)",
+              ylabel="rate / raw commit rate", title="Consuming, against raw commits")
+    for ax, corner in ((rates, "lower left"), (ratio, "lower right")):
         ax.grid(alpha=0.3, which="both")
         ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")  # 0.1, 1, 10
-        ax.legend(fontsize="small", loc="lower left" if ax is rates else "lower right")
+        ax.legend(fontsize="small", loc=corner)
     fig.suptitle(title if counted else f"{title} ({curve.skipped})")
     fig.tight_layout()
     return fig

@@ -60,13 +60,23 @@ def shim_library(build: bool = True) -> Path:
     if compiler is None or not build:
         raise NoShim(f"no C compiler ({name}) to build the slow-disk shim" if compiler is None
                      else f"{LIBRARY.relative_to(ROOT)} is not built (make bench builds it)")
-    LIBRARY.parent.mkdir(exist_ok=True)
-    built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(LIBRARY), str(SOURCE),
-                            "-ldl"], capture_output=True, text=True, check=False)
-    if built.returncode != 0:
-        LIBRARY.unlink(missing_ok=True)
-        raise NoShim(f"the C compiler could not build the shim: {built.stderr.strip()[:200]}")
-    return LIBRARY
+    # Built under a name of its own, then renamed: two processes that build at
+    # once (a notebook and a test run) never load a half-written file.
+    partial = LIBRARY.with_name(f"{LIBRARY.stem}.{os.getpid()}.partial")
+    try:
+        LIBRARY.parent.mkdir(exist_ok=True)
+        built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial),
+                                str(SOURCE), "-ldl"], capture_output=True, text=True, check=False)
+        if built.returncode == 0:
+            os.replace(partial, LIBRARY)
+            return LIBRARY
+    except OSError as exc:
+        raise NoShim(f"the shim cannot be built into {LIBRARY.parent.name}/: "
+                     f"{exc.strerror}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    said = built.stderr.strip().replace(str(ROOT), ".")  # no absolute path in a notebook
+    raise NoShim(f"the C compiler could not build the shim: {said[:200]}")
 
 
 def shim_env(delay_us: int = DELAY_US, base: dict[str, str] | None = None) -> dict[str, str]:
