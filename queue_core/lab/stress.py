@@ -3,7 +3,7 @@
 ``run_stress`` enqueues a batch, then plays rounds on the model clock: each
 round starts ``workers`` child processes at the same model second, most of
 them armed to die by ``os._exit`` at a random crash point (at their 1st to
-25th arrival there), released together through a starting gate, all draining
+``MAX_CRASH_AFTER``-th arrival there), released together through a starting gate, all draining
 the queue at once (under SQLite's ``BEGIN IMMEDIATE``, one writer at a
 time; on PostgreSQL, many transactions at once). Crashed workers are replaced in the
 next round; the clock moves to the next due time so that abandoned leases
@@ -34,7 +34,7 @@ from .child import collect, mode_for, open_gate, reap, run_child
 from .scenario import LEASE_SECONDS, START
 
 MAX_ROUNDS = 200
-MAX_CRASH_AFTER = 25  # an armed worker dies at its 1st..25th arrival at the point
+MAX_CRASH_AFTER = 12  # an armed worker dies at its 1st..12th arrival at the point
 
 
 @dataclass(frozen=True)
