@@ -28,6 +28,12 @@ from .errors import UnusableFile
 from .transitions import write_journal
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF")
+# The queue's pages are small: a row is a few hundred bytes, and every commit
+# appends each page it changed, whole, to the WAL before its fsync. An ACK that
+# claims the next message changes five pages (its row and the next one's, the
+# ready and leased indexes, the effect, the journal): 5 KB with 1 KB pages
+# instead of 20 KB with SQLite's default 4 KB.
+PAGE_SIZE = 1024
 BUSY_TIMEOUT_SECONDS = 30.0
 APPLICATION_ID = 0x51435545  # "QCUE" in the header's bytes 68-71: this is a queue file
 SCHEMA_VERSION = 1           # PRAGMA user_version of the schema below
@@ -340,6 +346,7 @@ def _create(path: str | os.PathLike[str]) -> None:
     """
     conn = connect(path)
     try:
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # takes effect only on an empty file
         with transaction(conn):
             application_id = conn.execute("PRAGMA application_id").fetchone()[0]
             objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
