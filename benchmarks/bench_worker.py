@@ -25,7 +25,7 @@ def worker_main() -> None:
 
     ``drain``: ``drain`` with ``batch_size=k`` (k=1 is the single-message
     path) until nothing is due; ``take``: ``drain`` one message at a time,
-    stopped after ``n``; ``batch``: ``claim_batch(k)`` + ``complete_batch``
+    at most ``n`` (its last ACK claims nothing more); ``batch``: ``claim_batch(k)`` + ``complete_batch``
     until nothing is due. Each reply counts the outcomes by kind, and the
     fsync + fdatasync calls the slow-disk shim counted meanwhile (``None``
     where the shim is not loaded).
@@ -62,11 +62,8 @@ def _work(queue: Any, handler: Any, cmd: dict[str, Any]) -> dict[str, int]:
         for outcome in drain(queue, handler, batch_size=cmd["k"]):
             count(outcome.kind)
     elif cmd["op"] == "take":
-        taken: list[str] = []
-        drain(queue, handler, on_outcome=lambda outcome: taken.append(outcome.kind),
-              stop=lambda: len(taken) >= cmd["n"])
-        for kind in taken:
-            count(kind)
+        for outcome in drain(queue, handler, max_messages=cmd["n"]):
+            count(outcome.kind)
     else:
         with queue.session():
             while leases := queue.claim_batch(cmd["k"]):
