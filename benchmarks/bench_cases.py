@@ -58,6 +58,8 @@ class Keeper:
         # A PostgreSQL server keeps no per-file state between connections: nothing to hold.
         self.conn = (None if is_connection_string(db)
                      else sqlite3.connect(db, isolation_level=None))
+        if self.conn is not None:  # a connection counts once it has read: before, it has no WAL
+            self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
 
     def check_exactly_once(self, done: int, money: int, ready: int = 0) -> None:
         """Raise ``CheckFailed`` unless the shared audit finds nothing and the

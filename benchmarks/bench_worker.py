@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import resource
+from contextlib import ExitStack
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ def worker_main() -> None:
     from queue_core.lab.slowdisk import flush_calls
 
     queues: dict[tuple[str, str], Queue] = {}
+    sessions = ExitStack()  # one connection per queue for the whole run, as a worker keeps it
     handler = Handler()
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -41,6 +43,7 @@ def worker_main() -> None:
         reply: dict[str, Any] = {}
         if cmd["op"] == "open":
             queues[key] = Queue(key[0], synchronous=key[1])
+            sessions.enter_context(queues[key].session())
         elif cmd["op"] == "rss":
             reply = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
         else:
@@ -49,6 +52,7 @@ def worker_main() -> None:
             after = flush_calls()
             reply["flushes"] = None if before is None or after is None else after - before
         print(json.dumps(reply), flush=True)
+    sessions.close()
 
 
 def _work(queue: Any, handler: Any, cmd: dict[str, Any]) -> dict[str, int]:
