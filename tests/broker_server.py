@@ -10,13 +10,10 @@ must have one (CI does): then they fail. Each test opens its own stream
 
 from __future__ import annotations
 
-import os
-from contextlib import ExitStack
 from typing import Callable, ContextManager, Iterator
 
-import pytest
-
 from queue_core.lab.redis_server import NoRedis, private_redis
+from servers import server_or_skip
 
 REQUIRED_VARIABLE = "QUEUE_CORE_REDIS_REQUIRED"
 
@@ -24,12 +21,4 @@ REQUIRED_VARIABLE = "QUEUE_CORE_REDIS_REQUIRED"
 def server_url(start: Callable[[], ContextManager[str]] = private_redis) -> Iterator[str]:
     """``QUEUE_CORE_REDIS_URL`` if set, else a private server (or whatever ``start``
     gives); no server is a skip, or a failure where ``QUEUE_CORE_REDIS_REQUIRED=1``."""
-    with ExitStack() as stack:
-        try:
-            url = stack.enter_context(start())
-        except NoRedis as exc:
-            if os.environ.get(REQUIRED_VARIABLE) == "1":
-                pytest.fail(f"{exc} ({REQUIRED_VARIABLE}=1: this machine must run them)",
-                            pytrace=False)
-            pytest.skip(str(exc))
-        yield url
+    yield from server_or_skip(start, NoRedis, REQUIRED_VARIABLE)

@@ -12,15 +12,12 @@ afterwards.
 
 from __future__ import annotations
 
-import os
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
-from contextlib import ExitStack
 from typing import Callable, ContextManager, Iterator
-
-import pytest
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from queue_core.lab.postgres_server import (NoPostgres, drop_schema, fresh_schema as new_schema,
                                             own_server, private_postgres)
+from servers import server_or_skip
 
 REQUIRED_VARIABLE = "QUEUE_CORE_PG_REQUIRED"
 
@@ -29,15 +26,7 @@ def server_dsn(start: Callable[[], ContextManager[str]] = private_postgres) -> I
     """``QUEUE_CORE_PG_DSN`` if set, else a private server for the session (or
     whatever ``start`` gives); no server is a skip, or a failure where
     ``QUEUE_CORE_PG_REQUIRED=1``."""
-    with ExitStack() as stack:
-        try:
-            dsn = stack.enter_context(start())
-        except NoPostgres as exc:
-            if os.environ.get(REQUIRED_VARIABLE) == "1":
-                pytest.fail(f"{exc} ({REQUIRED_VARIABLE}=1: this machine must run them)",
-                            pytrace=False)
-            pytest.skip(str(exc))
-        yield dsn
+    yield from server_or_skip(start, NoPostgres, REQUIRED_VARIABLE)
 
 
 def fresh_schema(dsn: str) -> Iterator[str]:
