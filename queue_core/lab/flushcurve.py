@@ -39,16 +39,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..storage import CHECKPOINT_PAGES
 from .slowdisk import DELAY_US, NoShim, ROOT, flush_calls, flush_latency, shim_env
 
 WORKLOADS = ("consume", "each", "raw")
 LABELS = {"consume": "worker loop (drain)", "each": "claim, then ACK",  # messages per second
           "raw": "raw commit"}
-# Frames written before the measured ones: more than SQLite's automatic checkpoint
-# (1,000 pages), so both logs have wrapped and their commits overwrite blocks the
-# file already has, as a long-running service's do; appending to a growing file
-# costs the file system more per flush, and the two logs would not grow alike.
-WARM_PAGES = 1_100
+# Frames written before the measured ones: more than the queue's automatic
+# checkpoint (``storage.CHECKPOINT_PAGES``), so both logs have wrapped and their
+# commits overwrite blocks the file already has, as a long-running service's do;
+# appending to a growing file costs the file system more per flush, and the two
+# logs would not grow alike.
+WARM_PAGES = CHECKPOINT_PAGES + 100
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
     queue, handler = Queue(folder / "queue.sqlite3"), Handler()
     warm = WARM_PAGES // 4  # the worker loop writes 4 or 5 pages a message
     keep = connect(queue.path)  # open throughout: closing the last connection deletes the log
+    keep.execute("SELECT count(*) FROM sqlite_master").fetchone()  # it counts once it has read
     with Queue(queue.path, synchronous="OFF").session() as unsynced:  # not measured
-        unsynced.enqueue_jsonl(_orders(2 * messages + 1, 2 * messages + 1 + warm))
+        for first in range(2 * messages + 1, 2 * messages + 1 + warm, 1000):  # 1000 a batch
+            unsynced.enqueue_jsonl(_orders(first, min(first + 1000, 2 * messages + 1 + warm)))
         drain(unsynced, handler)
     queue.enqueue_jsonl(_orders(0, 2 * messages + 1))
     conn = connect(folder / "raw.sqlite3")  # the pragmas the queue uses: WAL, FULL
