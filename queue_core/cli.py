@@ -17,15 +17,14 @@ message; 141 when the reader of the output went away (``work | head -1``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sqlite3
 import sys
-from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from . import __version__
+from .cli_text import metrics_lines, status_lines, work_summary
 from .clock import Clock, ModelClock, SystemClock
 from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
@@ -33,7 +32,6 @@ from .ingest import read_batch
 from .queue import Queue
 from .storage import roll_back_hot_journal
 from .stores import is_connection_string, open_store
-from .values import Metrics
 from .worker import drain
 
 DEFAULT_DB = "queue.sqlite3"
@@ -161,10 +159,12 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "work":
         return _work(queue, Handler().supporting(*args.accept), args.batch_size,
                      args.max_messages)
-    elif args.command == "status":
-        _print_status(queue, as_json=args.json)
-    elif args.command == "metrics":
-        _print_metrics(queue, as_json=args.json, model_time=args.now is not None)
+    elif args.command in READING_COMMANDS:
+        lines = status_lines(queue.status(), as_json=args.json) if args.command == "status" \
+            else metrics_lines(queue.metrics(), as_json=args.json,
+                               model_time=args.now is not None)
+        for line in lines:
+            _say(line)
     elif args.command == "redrive":
         queue.redrive(args.event_id)
         _say(f"{args.event_id} is ready again (attempts reset, generation kept)")
@@ -236,25 +236,8 @@ def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) ->
         print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
               "every finished message is committed: run work again to go on", file=sys.stderr)
         return EXIT_SIGNAL[stop.signal]
-    _say(_after_work(queue.metrics(), len(outcomes), limit))
+    _say(work_summary(queue.metrics(), len(outcomes), limit))
     return 0
-
-
-def _after_work(metrics: Metrics, processed: int, limit: int | None) -> str:
-    """The last line of ``work``: why it stopped, and what is still waiting."""
-    due = metrics.oldest_ready_age is not None or metrics.expired_leases > 0
-    if due and limit is not None and processed >= limit:
-        return (f"stopped at --max {limit} ({processed} processed); the rest is still queued "
-                f"(ready {metrics.depth['ready']}, leased {metrics.depth['leased']}): "
-                "run work again to go on")
-    if due:  # the system clock passed a retry's time after the last claim looked
-        return (f"more became due at t={metrics.at} ({processed} processed): "
-                "run work again to take it")
-    if metrics.next_due_at is not None:
-        return (f"nothing due at t={metrics.at} ({processed} processed); "
-                f"{_ready(metrics)}, the next due at t={metrics.next_due_at}, "
-                f"in {_duration(metrics.next_due_at - metrics.at)}")
-    return f"nothing left to claim at t={metrics.at} ({processed} processed)"
 
 
 class _StopRequest:
@@ -278,67 +261,6 @@ class _StopRequest:
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-
-
-def _print_status(queue: Queue, *, as_json: bool) -> None:
-    status = queue.status()
-    if as_json:
-        _say(json.dumps(status.as_dict(), sort_keys=False))
-        return
-    _say("states:  " + ", ".join(f"{name} {n}" for name, n in status.states.items()))
-    _say(f"effects: {status.effects}")
-    for category, cents in status.totals.items():
-        _say(f"  {category:<8}{cents:>12}")
-    _say(f"total:   {status.total}")
-
-
-def _print_metrics(queue: Queue, *, as_json: bool, model_time: bool) -> None:
-    metrics = queue.metrics()
-    if as_json:
-        _say(json.dumps({"at": metrics.at, "depth": dict(metrics.depth),
-                         "oldest_ready_age": metrics.oldest_ready_age,
-                         "next_due_at": metrics.next_due_at,
-                         "expired_leases": metrics.expired_leases,
-                         "dead_attempts": dict(metrics.dead_attempts)}))
-        return
-    clock = "model time" if model_time else \
-        f"{datetime.fromtimestamp(metrics.at, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
-    expired = metrics.expired_leases
-    lines = {
-        "at": f"t={metrics.at} ({clock})",
-        "depth": ", ".join(f"{name} {n}" for name, n in metrics.depth.items()),
-        "oldest due": _oldest_due(metrics),
-        "expired leases": f"{expired}" + (" (past their deadline; the next claim recovers "
-                                          "them)" if expired else ""),
-        "dead attempts": ", ".join(f"{event_id} {n}" for event_id, n
-                                   in metrics.dead_attempts.items()) or "none dead",
-    }
-    for name, value in lines.items():
-        _say(f"{name + ':':<16}{value}")
-
-
-def _oldest_due(metrics: Metrics) -> str:
-    if metrics.oldest_ready_age is not None:
-        return (f"waiting {_duration(metrics.oldest_ready_age)}, "
-                f"since t={metrics.at - metrics.oldest_ready_age}")
-    if metrics.next_due_at is None:
-        return "none due, none ready"
-    return (f"none due; {_ready(metrics)}, the next due at t={metrics.next_due_at}, "
-            f"in {_duration(metrics.next_due_at - metrics.at)}")
-
-
-def _ready(metrics: Metrics) -> str:
-    ready = metrics.depth["ready"]
-    return f"{ready} ready message{'s' if ready != 1 else ''} waiting"
-
-
-def _duration(seconds: int) -> str:
-    """Seconds, with a rounded larger unit when there is one: 90061 s (about 1.0 days)."""
-    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600),
-                       ("minutes", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds} s (about {seconds / size:.1f} {unit})"
-    return f"{seconds} s"
 
 
 def _say(text: str) -> None:

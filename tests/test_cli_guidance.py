@@ -17,7 +17,7 @@ import pytest
 
 from conftest import DATA, ROOT, snapshot
 from observe import expect, ledger, row
-from queue_core.cli import _after_work
+from queue_core.cli_text import work_summary
 from queue_core.values import Metrics
 from test_cli import outcomes, run, status_json
 
@@ -223,4 +223,4 @@ def test_the_readme_session_prints_exactly_what_the_readme_shows(tmp_path: Path)
         "limit-reached-and-nothing-due", "empty"])
 def test_the_last_line_of_work_says_why_it_stopped(
         metrics: Metrics, processed: int, limit: int | None, line: str) -> None:
-    assert _after_work(metrics, processed, limit) == line
+    assert work_summary(metrics, processed, limit) == line
