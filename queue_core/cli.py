@@ -5,13 +5,15 @@ Exit status: 0 on success (``work`` included, whatever the outcomes, and
 (a rejected batch, a message that cannot be redriven, bad arguments), with
 ``line N: CODE: explanation`` or ``CODE: explanation`` on stderr (bad
 arguments: the usage line, then ``queue-core: error: explanation``, which
-starts with ``misplaced_option:`` for ``--db``/``--now`` written after the
-command); 1 for an operational error (a file that is not the queue's, a
-missing queue for a reading command, an unusable database, output that
-cannot be written, a PostgreSQL server that went away mid-command:
-``connection_lost``), with ``error: CODE: explanation`` on one line; 130 or 143 when
-``work`` was stopped by Ctrl-C or SIGTERM after finishing its current
-message; 141 when the reader of the output went away (``work | head -1``).
+starts with ``misplaced_option:`` for an option on the wrong side of the
+command, ``--db``/``--now`` after it or the command's own option before it,
+and with ``unused_option:`` for ``--db``/``--now`` given to ``demo``); 1 for
+an operational error (a file that is not the queue's, a missing queue for a
+reading command, an unusable database, output that cannot be written, a
+PostgreSQL server that went away mid-command: ``connection_lost``), with
+``error: CODE: explanation`` on one line; 130 or 143 when ``work`` was
+stopped by Ctrl-C or SIGTERM after finishing its current message; 141 when
+the reader of the output went away (``work | head -1``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ EXIT_OPERATIONAL = 1
 EXIT_BROKEN_PIPE = 128 + 13
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 MAX_SECONDS = 10**12  # about 31,700 years: far beyond any clock, far below 2**63
+MAX_COUNT = 10**12  # messages: far beyond any queue, far below 2**63 (SQLite's LIMIT)
 READING_COMMANDS = ("status", "metrics")
 GLOBAL_OPTIONS = ("--db", "--now")  # each takes a value; they belong before the command
 
@@ -53,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "come before the command; each command's own options after it.",
         epilog="example: queue-core --now 1000 enqueue data/demo.jsonl")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
+    parser.add_argument("--db", type=_target, metavar="PATH",
                         help="the queue's database file, or a postgresql:// connection string; "
                              "enqueue, work and redrive create it if missing, status and "
                              f"metrics never do (default: {DEFAULT_DB})")
@@ -73,9 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--accept", nargs="+", default=[], metavar="CATEGORY",
                       help="also accept these categories, as a newer handler would "
                            "(default: only book, pen, bag)")
-    work.add_argument("--batch-size", type=_positive, default=1, metavar="K",
+    work.add_argument("--batch-size", type=_count, default=1, metavar="K",
                       help="claim and ACK up to K messages per transaction (default: 1)")
-    work.add_argument("--max", type=_positive, default=None, metavar="N", dest="max_messages",
+    work.add_argument("--max", type=_count, default=None, metavar="N", dest="max_messages",
                       help="process at most N messages, then stop; the rest stays queued "
                            "(default: no limit)")
     for name, summary in (("status", "stored counts and money at one moment; recovers nothing"),
@@ -88,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "queue-core redrive E0004")
     redrive.add_argument("event_id", metavar="EVENT_ID",
                          help="the dead message's id, E followed by four digits")
-    _command(commands, "demo", "run the reference scenario in a temporary database",
-             "queue-core demo")
+    _command(commands, "demo", "run the reference scenario in a temporary database of its "
+             "own, on its own model clock (so it takes neither --db nor --now)", "queue-core demo")
     return parser
 
 
@@ -100,11 +103,7 @@ def _command(commands: Any, name: str, summary: str, example: str) -> argparse.A
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    misplaced = _misplaced_global_options(sys.argv[1:] if argv is None else list(argv), parser)
-    if misplaced is not None:
-        parser.error(misplaced)  # exit status 2, after the usage line
-    args = parser.parse_args(argv)
+    args = _parse(build_parser(), sys.argv[1:] if argv is None else list(argv))
     try:
         return _run(args)
     except KeyboardInterrupt:  # Ctrl-C outside work's loop: nothing was left half-done
@@ -137,6 +136,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = open_store(args.db).describe() if is_connection_string(args.db) else args.db
         print(f"error: database_error: {where}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_OPERATIONAL
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments, or exit 2 after the usage line and one ``error:`` line."""
+    misplaced = _misplaced_options(argv, parser)
+    if misplaced is not None:
+        parser.error(misplaced)
+    args = parser.parse_args(argv)
+    given = [name for name, value in (("--db", args.db), ("--now", args.now))
+             if value is not None]
+    if args.command == "demo" and given:
+        parser.error(f"unused_option: demo takes no {' and no '.join(given)}: it runs in a "
+                     "temporary database of its own, on its own model clock, as in: "
+                     "queue-core demo")
+    args.db = DEFAULT_DB if args.db is None else args.db
+    return args
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -201,30 +216,58 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _misplaced_global_options(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
-    """The refusal for ``--db``/``--now`` written after the command (argparse
-    would only say "unrecognized arguments"), showing the command line put right."""
+def _misplaced_options(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
+    """The refusal for an option on the wrong side of the command: ``--db`` or
+    ``--now`` after it (argparse would say "unrecognized arguments"), or the
+    command's own option before it (argparse would take its value for the
+    command: "invalid choice"); it shows the command line put right."""
     commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
     at = 0
     while at < len(argv) and argv[at] not in commands:
         at += 2 if argv[at] in GLOBAL_OPTIONS else 1  # skip an option's value: --db work
-    names, moved, kept, rest = set(), [], [], iter(argv[at + 1:])
-    for token in rest:
-        name = token.split("=", 1)[0]
-        if token == "--":  # what follows is no option
-            kept += [token, *rest]
-        elif name in GLOBAL_OPTIONS:
-            names.add(name)
-            moved.append(token)
-            if token == name and (value := next(rest, None)) is not None:
-                moved.append(value)
-        else:
-            kept.append(token)
-    if not moved:
+    if at == len(argv):
         return None
-    fixed = " ".join(["queue-core", *argv[:at], *moved, argv[at], *kept])
-    return (f"misplaced_option: {' and '.join(sorted(names))} must come before the command "
-            f"{argv[at]!r}, as in: {fixed}")
+    command = argv[at]
+    early, kept_before = _options_among(argv[:at], commands[command])
+    late, kept_after = _options_among(argv[at + 1:], parser)
+    if not early and not late:
+        return None
+    fixed = ["queue-core", *kept_before, *sum(late.values(), []), command,
+             *sum(early.values(), []), *kept_after]
+    where = [f"{' and '.join(sorted(late))} must come before the command {command!r}"] \
+        if late else []
+    if early:
+        where.append(" and ".join(sorted(early)) + (" after it" if late else
+                                                    f" must come after the command {command!r}"))
+    return f"misplaced_option: {' and '.join(where)}, as in: {' '.join(fixed)}"
+
+
+def _options_among(tokens: list[str], owner: argparse.ArgumentParser
+                   ) -> tuple[dict[str, list[str]], list[str]]:
+    """The options of ``owner`` among ``tokens``, each with its values, and the rest.
+    An option whose value is missing gets its placeholder (``--max N``)."""
+    actions = {name: action for action in owner._actions  # noqa: SLF001
+               for name in action.option_strings if action.dest not in ("help", "version")}
+    found: dict[str, list[str]] = {}
+    kept: list[str] = []
+    at = 0
+    while at < len(tokens):
+        token, name = tokens[at], tokens[at].split("=", 1)[0]
+        at += 1
+        if token == "--":  # what follows is no option
+            return found, [*kept, *tokens[at - 1:]]
+        if name not in actions:
+            kept.append(token)
+            continue
+        taken, nargs = [token], actions[name].nargs
+        while token == name and nargs != 0 and at < len(tokens) \
+                and not tokens[at].startswith("--") and (nargs in ("+", "*") or len(taken) == 1):
+            taken.append(tokens[at])
+            at += 1
+        if token == name and nargs != 0 and len(taken) == 1:
+            taken.append(str(actions[name].metavar))
+        found.setdefault(name, []).extend(taken)
+    return found, kept
 
 
 def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) -> int:
@@ -298,3 +341,24 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _count(text: str) -> int:
+    """A number of messages (``--max``, ``--batch-size``): 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count of messages (a whole number, "
+                                         f"1 or more), got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of messages, 1 or more, got {value}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_COUNT} messages, got {value}")
+    return value
+
+
+def _target(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path or a postgresql:// connection "
+                                         f"string, got {text!r}")
+    return text

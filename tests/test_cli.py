@@ -203,6 +203,36 @@ def test_bad_arguments_exit_2_without_a_traceback(scratch: Path, args: list[str]
     assert not (scratch / "queue.sqlite3").exists()
 
 
+@pytest.mark.parametrize("args, error", [
+    (["work", "--max", "-1"], "argument --max: expected a count of messages, 1 or more, got -1"),
+    (["work", "--batch-size", "-2"],
+     "argument --batch-size: expected a count of messages, 1 or more, got -2"),
+    (["work", "--max", "abc"],
+     "argument --max: expected a count of messages (a whole number, 1 or more), got 'abc'"),
+    (["work", "--batch-size", "x"],
+     "argument --batch-size: expected a count of messages (a whole number, 1 or more), got 'x'"),
+    (["work", "--max", "9" * 20],
+     f"argument --max: at most 1000000000000 messages, got {'9' * 20}"),
+    (["work", "--lease-seconds", "-1"], "argument --lease-seconds: time cannot be negative, "
+                                        "got -1"),
+    (["work", "--lease-seconds", "soon"], "argument --lease-seconds: expected integer seconds, "
+                                          "got 'soon'"),
+    (["--now", "-5", "status"], "argument --now: time cannot be negative, got -5"),
+    (["--db", "", "enqueue", "demo.jsonl"],
+     "argument --db: expected a file path or a postgresql:// connection string, got ''"),
+], ids=["negative-max", "negative-batch", "word-max", "word-batch", "max-beyond-64-bit",
+        "negative-lease", "word-lease", "negative-now", "empty-db"])
+def test_a_count_is_refused_as_a_count_and_a_time_as_a_time(
+        scratch: Path, args: list[str], error: str) -> None:
+    before = sorted(path.name for path in scratch.iterdir())
+
+    result = run(scratch, *args)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[-1].endswith(f" error: {error}")
+    assert sorted(path.name for path in scratch.iterdir()) == before
+
+
 @pytest.mark.parametrize("make, command, code", [
     (lambda folder: folder, "status", "not_a_database"),
     (lambda folder: (folder / "junk.sqlite3").write_text("not a database " * 100) and

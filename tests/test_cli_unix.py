@@ -114,3 +114,14 @@ def test_every_argument_and_option_has_help_with_its_default_and_each_command_an
             assert action.help, (name, action.dest)
             if action.option_strings and action.nargs != 0:
                 assert "default" in action.help, (name, action.dest)
+
+
+def test_the_help_says_what_the_demo_takes_and_that_max_counts_messages() -> None:
+    def help_of(*args: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "queue_core", *args, "--help"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return " ".join(result.stdout.split())
+
+    assert "on its own model clock (so it takes neither --db nor --now)" in help_of("demo")
+    assert "--max N process at most N messages, then stop" in help_of("work")
