@@ -8,17 +8,20 @@ arguments: the usage line, then ``queue-core: error: explanation``, which
 starts with ``misplaced_option:`` for an option on the wrong side of the
 command, ``--db``/``--now`` after it or the command's own option before it,
 and with ``unused_option:`` for ``--db``/``--now`` given to ``demo``); 1 for
-an operational error (a file that is not the queue's, a missing queue for a
-reading command, an unusable database, output that cannot be written, a
+an operational error (a file that is not the queue's, a missing queue file
+for any command but ``enqueue``: ``no_queue_file``, a missing folder:
+``os_error``, an unusable database, output that cannot be written, a
 PostgreSQL server that went away mid-command: ``connection_lost``), with
 ``error: CODE: explanation`` on one line; 130 or 143 when ``work`` was
 stopped by Ctrl-C or SIGTERM after finishing its current message; 141 when
-the reader of the output went away (``work | head -1``).
+the reader of the output went away (``work | head -1``). Only ``enqueue``
+creates a queue file.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sqlite3
@@ -58,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--db", type=_target, metavar="PATH",
                         help="the queue's database file, or a postgresql:// connection string; "
-                             "enqueue, work and redrive create it if missing, status and "
-                             f"metrics never do (default: {DEFAULT_DB})")
+                             "only enqueue creates it, every other command refuses a missing "
+                             f"one (no_queue_file) (default: {DEFAULT_DB})")
     parser.add_argument("--now", type=_seconds, metavar="T",
                         help="model time in integer seconds for this command "
                              "(default: the system clock; the server's for postgresql://)")
@@ -162,11 +165,13 @@ def _run(args: argparse.Namespace) -> int:
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
     if not is_connection_string(args.db):
+        _require_folder(args.db)
         # Before the file's header is checked: a writer killed during COMMIT leaves a
         # header that counts pages not yet written, which would read as a truncated file.
         roll_back_hot_journal(args.db)
     clock: Clock = ModelClock(args.now) if args.now is not None else _system_clock(args.db)
-    queue = Queue(args.db, clock=clock, create=args.command not in READING_COMMANDS,
+    # Only enqueue creates: a mistyped --db must not become a new, empty queue.
+    queue = Queue(args.db, clock=clock, create=args.command == "enqueue",
                   lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS))
     if batch is not None:
         result = queue.enqueue(batch)
@@ -184,6 +189,17 @@ def _run(args: argparse.Namespace) -> int:
         queue.redrive(args.event_id)
         _say(f"{args.event_id} is ready again (attempts reset, generation kept)")
     return 0
+
+
+def _require_folder(path: str) -> None:
+    """Refuse a file path whose folder is missing (or is a file), before any file is made."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        missing = not os.path.exists(folder)
+        code = errno.ENOENT if missing else errno.ENOTDIR
+        why = f"the folder {folder} does not exist" if missing else \
+            f"{folder} is a file, not a folder"
+        raise OSError(code, f"{os.strerror(code)} ({why})", path)
 
 
 def _system_clock(db: str) -> Clock:

@@ -264,6 +264,7 @@ def test_the_readme_session_prints_exactly_what_the_readme_shows(tmp_path: Path)
                                 text=True, timeout=120)
         assert (result.stdout + result.stderr).splitlines() == shown, command
     assert ledger(tmp_path / "queue.sqlite3") == expect(total=20300, effects=6, done=6, ready=18)
+    assert not (tmp_path / "qeue.sqlite3").exists()  # a mistyped --db made no queue
 
 
 @pytest.mark.parametrize("metrics, processed, limit, line", [

@@ -116,12 +116,14 @@ def test_every_argument_and_option_has_help_with_its_default_and_each_command_an
                 assert "default" in action.help, (name, action.dest)
 
 
-def test_the_help_says_what_the_demo_takes_and_that_max_counts_messages() -> None:
+def test_the_help_says_only_enqueue_creates_a_queue_and_what_the_demo_takes() -> None:
     def help_of(*args: str) -> str:
         result = subprocess.run([sys.executable, "-m", "queue_core", *args, "--help"],
                                 capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         return " ".join(result.stdout.split())
 
+    assert ("only enqueue creates it, every other command refuses a missing one "
+            "(no_queue_file) (default: queue.sqlite3)") in help_of()
     assert "on its own model clock (so it takes neither --db nor --now)" in help_of("demo")
     assert "--max N process at most N messages, then stop" in help_of("work")
