@@ -15,7 +15,8 @@ PostgreSQL server that went away mid-command: ``connection_lost``), with
 ``error: CODE: explanation`` on one line; 130 or 143 when ``work`` was
 stopped by Ctrl-C or SIGTERM after finishing its current message; 141 when
 the reader of the output went away (``work | head -1``). Only ``enqueue``
-creates a queue file.
+creates a queue file; a command that ends where it may write leaves no
+``-wal`` or ``-shm`` file behind, unless another connection has the file open.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import os
 import signal
 import sqlite3
 import sys
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from . import __version__
 from .cli_text import metrics_lines, status_lines, work_summary
@@ -180,9 +182,10 @@ def _run(args: argparse.Namespace) -> int:
         return _work(queue, Handler().supporting(*args.accept), args.batch_size,
                      args.max_messages)
     elif args.command in READING_COMMANDS:
-        lines = status_lines(queue.status(), as_json=args.json) if args.command == "status" \
-            else metrics_lines(queue.metrics(), as_json=args.json,
-                               model_time=args.now is not None)
+        with _closing_last(queue, query_only=True):
+            lines = status_lines(queue.status(), as_json=args.json) if args.command == "status" \
+                else metrics_lines(queue.metrics(), as_json=args.json,
+                                   model_time=args.now is not None)
         for line in lines:
             _say(line)
     elif args.command == "redrive":
@@ -200,6 +203,23 @@ def _require_folder(path: str) -> None:
         why = f"the folder {folder} does not exist" if missing else \
             f"{folder} is a file, not a folder"
         raise OSError(code, f"{os.strerror(code)} ({why})", path)
+
+
+@contextmanager
+def _closing_last(queue: Queue, *, query_only: bool = False) -> Iterator[None]:
+    """Run the command's calls on one connection that may write, closed at the end.
+
+    SQLite removes the ``-wal`` and ``-shm`` files beside a queue file when
+    the last connection to it closes, but only if that connection may write:
+    one opened read-only (``mode=ro``, as a reading call opens on its own)
+    leaves them behind. With ``query_only`` no statement on it can write;
+    closing last, it does what every last connection does: it copies into
+    the file what a killed writer committed to the WAL, then removes both.
+    """
+    with queue.session():
+        if query_only and isinstance(queue.connection, sqlite3.Connection):
+            queue.connection.execute("PRAGMA query_only = ON")
+        yield
 
 
 def _system_clock(db: str) -> Clock:
@@ -288,15 +308,17 @@ def _options_among(tokens: list[str], owner: argparse.ArgumentParser
 
 def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) -> int:
     """Drain; Ctrl-C or SIGTERM ends the loop once the current message is settled."""
-    with _StopRequest() as stop:
+    # The last line's metrics are read on drain's connection: read on one of
+    # their own, they would be the last to close, and read-only.
+    with _closing_last(queue), _StopRequest() as stop:
         outcomes = drain(queue, handler, batch_size=batch_size, stop=stop.requested,
                          max_messages=limit, on_outcome=lambda outcome: _say(str(outcome)))
-    if stop.signal is not None:
-        print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
-              "every finished message is committed: run work again to go on", file=sys.stderr)
-        return EXIT_SIGNAL[stop.signal]
-    _say(work_summary(queue.metrics(), len(outcomes), limit))
-    return 0
+        if stop.signal is None:
+            _say(work_summary(queue.metrics(), len(outcomes), limit))
+            return 0
+    print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
+          "every finished message is committed: run work again to go on", file=sys.stderr)
+    return EXIT_SIGNAL[stop.signal]
 
 
 class _StopRequest:

@@ -185,6 +185,45 @@ def test_only_enqueue_creates_a_queue_file_every_other_command_refuses_a_missing
     assert ledger(scratch / "qeue.sqlite3") == expect(total=0, effects=0, ready=4)
 
 
+COMMANDS = {
+    "enqueue": (["enqueue", "demo.jsonl"], "inserted 4, duplicates 1"),
+    "status": (["status"], "total:   0"),
+    "metrics": (["metrics", "--json"], '"dead_attempts": {}}'),
+    "work-max": (["work", "--max", "2"], "run work again to go on"),
+    "work-batch": (["work", "--batch-size", "3"], "(2 processed)"),
+    "metrics-after": (["metrics"], "dead attempts:  E0004 1"),
+    "redrive": (["redrive", "E0004"], "E0004 is ready again (attempts reset, generation kept)"),
+    "status-json": (["status", "--json"], '"total": 17000}'),
+    "work": (["work", "--accept", "toy"], "nothing left to claim at t=1000 (1 processed)"),
+}
+
+
+def test_every_command_leaves_only_the_database_file_when_it_ends(scratch: Path) -> None:
+    """SQLite removes -wal and -shm when the last connection closes, if it may write."""
+    for name, (command, last) in COMMANDS.items():
+        result = run(scratch, "--now", "1000", *command)
+
+        assert result.returncode == 0, (name, result.stderr)
+        assert result.stdout.splitlines()[-1].endswith(last), (name, result.stdout)
+        assert sorted(path.name for path in scratch.iterdir()) == [
+            "conflict.jsonl", "demo.jsonl", "queue.sqlite3"], name
+    assert ledger(scratch / "queue.sqlite3") == expect(total=20000, effects=4, done=4)
+
+
+def test_status_beside_an_open_connection_leaves_its_wal_alone(scratch: Path) -> None:
+    assert run(scratch, "--now", "1000", "enqueue", "demo.jsonl").returncode == 0
+    other = sqlite3.connect(scratch / "queue.sqlite3")  # another process's open connection
+    try:
+        assert other.execute("SELECT count(*) FROM messages").fetchone() == (4,)
+        result = run(scratch, "status", "--json")
+        assert (result.returncode, json.loads(result.stdout)["states"]["ready"]) == (0, 4)
+        assert (scratch / "queue.sqlite3-wal").exists()  # still in use: not removed under it
+        assert other.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+    finally:
+        other.close()
+    assert not (scratch / "queue.sqlite3-wal").exists()  # the last to close removed it
+
+
 def test_work_takes_only_what_is_due_at_now(scratch: Path) -> None:
     assert run(scratch, "--now", "2000", "enqueue", "demo.jsonl").returncode == 0
 

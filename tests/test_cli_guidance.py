@@ -263,8 +263,9 @@ def test_the_readme_session_prints_exactly_what_the_readme_shows(tmp_path: Path)
         result = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True,
                                 text=True, timeout=120)
         assert (result.stdout + result.stderr).splitlines() == shown, command
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["data", "queue.sqlite3"], \
+            command  # no -wal, no -shm, and no file made by a mistyped --db
     assert ledger(tmp_path / "queue.sqlite3") == expect(total=20300, effects=6, done=6, ready=18)
-    assert not (tmp_path / "qeue.sqlite3").exists()  # a mistyped --db made no queue
 
 
 @pytest.mark.parametrize("metrics, processed, limit, line", [
