@@ -223,7 +223,10 @@ def _sqlite_checks(snap: Snapshot) -> Iterable[Finding]:
     if snap.integrity != ("ok",):
         yield Finding("integrity_check", None, "; ".join(snap.integrity)[:300])
     for table, rowid, parent, _ in snap.foreign_keys:
-        yield Finding("foreign_key_check", None, f"{table} row {rowid} points at a missing {parent}")
+        row = f"a row of {table}" if rowid is None else f"{table} row {rowid}"  # WITHOUT ROWID
+        missing = "message" if parent == "messages" else f"row of {parent}"
+        yield Finding("foreign_key_check", None, f"{row} points at a missing {missing} "
+                                                 f"(the foreign key from {table} to {parent})")
 
 
 def _effect_checks(snap: Snapshot) -> Iterable[Finding]:

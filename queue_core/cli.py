@@ -5,27 +5,33 @@ Exit status: 0 on success (``work`` included, whatever the outcomes, and
 (a rejected batch, a message that cannot be redriven, bad arguments), with
 ``line N: CODE: explanation`` or ``CODE: explanation`` on stderr (bad
 arguments: the usage line, then ``queue-core: error: explanation``, which
-starts with ``misplaced_option:`` for ``--db``/``--now`` written after the
-command); 1 for an operational error (a file that is not the queue's, a
-missing queue for a reading command, an unusable database, output that
-cannot be written, a PostgreSQL server that went away mid-command:
-``connection_lost``), with ``error: CODE: explanation`` on one line; 130 or 143 when
-``work`` was stopped by Ctrl-C or SIGTERM after finishing its current
-message; 141 when the reader of the output went away (``work | head -1``).
+starts with ``misplaced_option:`` for an option on the wrong side of the
+command, ``--db``/``--now`` after it or the command's own option before it,
+and with ``unused_option:`` for ``--db``/``--now`` given to ``demo``); 1 for
+an operational error (a file that is not the queue's, a missing queue file
+for any command but ``enqueue``: ``no_queue_file``, a missing folder:
+``os_error``, an unusable database, output that cannot be written, a
+PostgreSQL server that went away mid-command: ``connection_lost``), with
+``error: CODE: explanation`` on one line; 130 or 143 when ``work`` was
+stopped by Ctrl-C or SIGTERM after finishing its current message; 141 when
+the reader of the output went away (``work | head -1``). Only ``enqueue``
+creates a queue file; a command that ends where it may write leaves no
+``-wal`` or ``-shm`` file behind, unless another connection has the file open.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import errno
 import os
 import signal
 import sqlite3
 import sys
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from . import __version__
+from .cli_text import metrics_lines, status_lines, work_summary
 from .clock import Clock, ModelClock, SystemClock
 from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
@@ -33,7 +39,6 @@ from .ingest import read_batch
 from .queue import Queue
 from .storage import roll_back_hot_journal
 from .stores import is_connection_string, open_store
-from .values import Metrics
 from .worker import drain
 
 DEFAULT_DB = "queue.sqlite3"
@@ -43,6 +48,7 @@ EXIT_OPERATIONAL = 1
 EXIT_BROKEN_PIPE = 128 + 13
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 MAX_SECONDS = 10**12  # about 31,700 years: far beyond any clock, far below 2**63
+MAX_COUNT = 10**12  # messages: far beyond any queue, far below 2**63 (SQLite's LIMIT)
 READING_COMMANDS = ("status", "metrics")
 GLOBAL_OPTIONS = ("--db", "--now")  # each takes a value; they belong before the command
 
@@ -55,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "come before the command; each command's own options after it.",
         epilog="example: queue-core --now 1000 enqueue data/demo.jsonl")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
+    parser.add_argument("--db", type=_target, metavar="PATH",
                         help="the queue's database file, or a postgresql:// connection string; "
-                             "enqueue, work and redrive create it if missing, status and "
-                             f"metrics never do (default: {DEFAULT_DB})")
+                             "only enqueue creates it, every other command refuses a missing "
+                             f"one (no_queue_file) (default: {DEFAULT_DB})")
     parser.add_argument("--now", type=_seconds, metavar="T",
                         help="model time in integer seconds for this command "
                              "(default: the system clock; the server's for postgresql://)")
@@ -75,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--accept", nargs="+", default=[], metavar="CATEGORY",
                       help="also accept these categories, as a newer handler would "
                            "(default: only book, pen, bag)")
-    work.add_argument("--batch-size", type=_positive, default=1, metavar="K",
+    work.add_argument("--batch-size", type=_count, default=1, metavar="K",
                       help="claim and ACK up to K messages per transaction (default: 1)")
-    work.add_argument("--max", type=_positive, default=None, metavar="N", dest="max_messages",
+    work.add_argument("--max", type=_count, default=None, metavar="N", dest="max_messages",
                       help="process at most N messages, then stop; the rest stays queued "
                            "(default: no limit)")
     for name, summary in (("status", "stored counts and money at one moment; recovers nothing"),
@@ -90,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "queue-core redrive E0004")
     redrive.add_argument("event_id", metavar="EVENT_ID",
                          help="the dead message's id, E followed by four digits")
-    _command(commands, "demo", "run the reference scenario in a temporary database",
-             "queue-core demo")
+    _command(commands, "demo", "run the reference scenario in a temporary database of its "
+             "own, on its own model clock (so it takes neither --db nor --now)", "queue-core demo")
     return parser
 
 
@@ -102,11 +108,7 @@ def _command(commands: Any, name: str, summary: str, example: str) -> argparse.A
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    misplaced = _misplaced_global_options(sys.argv[1:] if argv is None else list(argv), parser)
-    if misplaced is not None:
-        parser.error(misplaced)  # exit status 2, after the usage line
-    args = parser.parse_args(argv)
+    args = _parse(build_parser(), sys.argv[1:] if argv is None else list(argv))
     try:
         return _run(args)
     except KeyboardInterrupt:  # Ctrl-C outside work's loop: nothing was left half-done
@@ -141,6 +143,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OPERATIONAL
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments, or exit 2 after the usage line and one ``error:`` line."""
+    misplaced = _misplaced_options(argv, parser)
+    if misplaced is not None:
+        parser.error(misplaced)
+    args = parser.parse_args(argv)
+    given = [name for name, value in (("--db", args.db), ("--now", args.now))
+             if value is not None]
+    if args.command == "demo" and given:
+        parser.error(f"unused_option: demo takes no {' and no '.join(given)}: it runs in a "
+                     "temporary database of its own, on its own model clock, as in: "
+                     "queue-core demo")
+    args.db = DEFAULT_DB if args.db is None else args.db
+    return args
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from .lab.demo import run_demo  # the course's scenario, with a real crashing child
@@ -149,11 +167,13 @@ def _run(args: argparse.Namespace) -> int:
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
     if not is_connection_string(args.db):
+        _require_folder(args.db)
         # Before the file's header is checked: a writer killed during COMMIT leaves a
         # header that counts pages not yet written, which would read as a truncated file.
         roll_back_hot_journal(args.db)
     clock: Clock = ModelClock(args.now) if args.now is not None else _system_clock(args.db)
-    queue = Queue(args.db, clock=clock, create=args.command not in READING_COMMANDS,
+    # Only enqueue creates: a mistyped --db must not become a new, empty queue.
+    queue = Queue(args.db, clock=clock, create=args.command == "enqueue",
                   lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS))
     if batch is not None:
         result = queue.enqueue(batch)
@@ -161,14 +181,45 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "work":
         return _work(queue, Handler().supporting(*args.accept), args.batch_size,
                      args.max_messages)
-    elif args.command == "status":
-        _print_status(queue, as_json=args.json)
-    elif args.command == "metrics":
-        _print_metrics(queue, as_json=args.json, model_time=args.now is not None)
+    elif args.command in READING_COMMANDS:
+        with _closing_last(queue, query_only=True):
+            lines = status_lines(queue.status(), as_json=args.json) if args.command == "status" \
+                else metrics_lines(queue.metrics(), as_json=args.json,
+                                   model_time=args.now is not None)
+        for line in lines:
+            _say(line)
     elif args.command == "redrive":
         queue.redrive(args.event_id)
         _say(f"{args.event_id} is ready again (attempts reset, generation kept)")
     return 0
+
+
+def _require_folder(path: str) -> None:
+    """Refuse a file path whose folder is missing (or is a file), before any file is made."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        missing = not os.path.exists(folder)
+        code = errno.ENOENT if missing else errno.ENOTDIR
+        why = f"the folder {folder} does not exist" if missing else \
+            f"{folder} is a file, not a folder"
+        raise OSError(code, f"{os.strerror(code)} ({why})", path)
+
+
+@contextmanager
+def _closing_last(queue: Queue, *, query_only: bool = False) -> Iterator[None]:
+    """Run the command's calls on one connection that may write, closed at the end.
+
+    SQLite removes the ``-wal`` and ``-shm`` files beside a queue file when
+    the last connection to it closes, but only if that connection may write:
+    one opened read-only (``mode=ro``, as a reading call opens on its own)
+    leaves them behind. With ``query_only`` no statement on it can write;
+    closing last, it does what every last connection does: it copies into
+    the file what a killed writer committed to the WAL, then removes both.
+    """
+    with queue.session():
+        if query_only and isinstance(queue.connection, sqlite3.Connection):
+            queue.connection.execute("PRAGMA query_only = ON")
+        yield
 
 
 def _system_clock(db: str) -> Clock:
@@ -201,60 +252,73 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _misplaced_global_options(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
-    """The refusal for ``--db``/``--now`` written after the command (argparse
-    would only say "unrecognized arguments"), showing the command line put right."""
+def _misplaced_options(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
+    """The refusal for an option on the wrong side of the command: ``--db`` or
+    ``--now`` after it (argparse would say "unrecognized arguments"), or the
+    command's own option before it (argparse would take its value for the
+    command: "invalid choice"); it shows the command line put right."""
     commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
     at = 0
     while at < len(argv) and argv[at] not in commands:
         at += 2 if argv[at] in GLOBAL_OPTIONS else 1  # skip an option's value: --db work
-    names, moved, kept, rest = set(), [], [], iter(argv[at + 1:])
-    for token in rest:
-        name = token.split("=", 1)[0]
-        if token == "--":  # what follows is no option
-            kept += [token, *rest]
-        elif name in GLOBAL_OPTIONS:
-            names.add(name)
-            moved.append(token)
-            if token == name and (value := next(rest, None)) is not None:
-                moved.append(value)
-        else:
-            kept.append(token)
-    if not moved:
+    if at == len(argv):
         return None
-    fixed = " ".join(["queue-core", *argv[:at], *moved, argv[at], *kept])
-    return (f"misplaced_option: {' and '.join(sorted(names))} must come before the command "
-            f"{argv[at]!r}, as in: {fixed}")
+    command = argv[at]
+    early, kept_before = _options_among(argv[:at], commands[command])
+    late, kept_after = _options_among(argv[at + 1:], parser)
+    if not early and not late:
+        return None
+    fixed = ["queue-core", *kept_before, *sum(late.values(), []), command,
+             *sum(early.values(), []), *kept_after]
+    where = [f"{' and '.join(sorted(late))} must come before the command {command!r}"] \
+        if late else []
+    if early:
+        where.append(" and ".join(sorted(early)) + (" after it" if late else
+                                                    f" must come after the command {command!r}"))
+    return f"misplaced_option: {' and '.join(where)}, as in: {' '.join(fixed)}"
+
+
+def _options_among(tokens: list[str], owner: argparse.ArgumentParser
+                   ) -> tuple[dict[str, list[str]], list[str]]:
+    """The options of ``owner`` among ``tokens``, each with its values, and the rest.
+    An option whose value is missing gets its placeholder (``--max N``)."""
+    actions = {name: action for action in owner._actions  # noqa: SLF001
+               for name in action.option_strings if action.dest not in ("help", "version")}
+    found: dict[str, list[str]] = {}
+    kept: list[str] = []
+    at = 0
+    while at < len(tokens):
+        token, name = tokens[at], tokens[at].split("=", 1)[0]
+        at += 1
+        if token == "--":  # what follows is no option
+            return found, [*kept, *tokens[at - 1:]]
+        if name not in actions:
+            kept.append(token)
+            continue
+        taken, nargs = [token], actions[name].nargs
+        while token == name and nargs != 0 and at < len(tokens) \
+                and not tokens[at].startswith("--") and (nargs in ("+", "*") or len(taken) == 1):
+            taken.append(tokens[at])
+            at += 1
+        if token == name and nargs != 0 and len(taken) == 1:
+            taken.append(str(actions[name].metavar))
+        found.setdefault(name, []).extend(taken)
+    return found, kept
 
 
 def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) -> int:
     """Drain; Ctrl-C or SIGTERM ends the loop once the current message is settled."""
-    with _StopRequest() as stop:
+    # The last line's metrics are read on drain's connection: read on one of
+    # their own, they would be the last to close, and read-only.
+    with _closing_last(queue), _StopRequest() as stop:
         outcomes = drain(queue, handler, batch_size=batch_size, stop=stop.requested,
                          max_messages=limit, on_outcome=lambda outcome: _say(str(outcome)))
-    if stop.signal is not None:
-        print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
-              "every finished message is committed: run work again to go on", file=sys.stderr)
-        return EXIT_SIGNAL[stop.signal]
-    _say(_after_work(queue.metrics(), len(outcomes), limit))
-    return 0
-
-
-def _after_work(metrics: Metrics, processed: int, limit: int | None) -> str:
-    """The last line of ``work``: why it stopped, and what is still waiting."""
-    due = metrics.oldest_ready_age is not None or metrics.expired_leases > 0
-    if due and limit is not None and processed >= limit:
-        return (f"stopped at --max {limit} ({processed} processed); the rest is still queued "
-                f"(ready {metrics.depth['ready']}, leased {metrics.depth['leased']}): "
-                "run work again to go on")
-    if due:  # the system clock passed a retry's time after the last claim looked
-        return (f"more became due at t={metrics.at} ({processed} processed): "
-                "run work again to take it")
-    if metrics.next_due_at is not None:
-        return (f"nothing due at t={metrics.at} ({processed} processed); "
-                f"{_ready(metrics)}, the next due at t={metrics.next_due_at}, "
-                f"in {_duration(metrics.next_due_at - metrics.at)}")
-    return f"nothing left to claim at t={metrics.at} ({processed} processed)"
+        if stop.signal is None:
+            _say(work_summary(queue.metrics(), len(outcomes), limit))
+            return 0
+    print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
+          "every finished message is committed: run work again to go on", file=sys.stderr)
+    return EXIT_SIGNAL[stop.signal]
 
 
 class _StopRequest:
@@ -278,67 +342,6 @@ class _StopRequest:
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-
-
-def _print_status(queue: Queue, *, as_json: bool) -> None:
-    status = queue.status()
-    if as_json:
-        _say(json.dumps(status.as_dict(), sort_keys=False))
-        return
-    _say("states:  " + ", ".join(f"{name} {n}" for name, n in status.states.items()))
-    _say(f"effects: {status.effects}")
-    for category, cents in status.totals.items():
-        _say(f"  {category:<8}{cents:>12}")
-    _say(f"total:   {status.total}")
-
-
-def _print_metrics(queue: Queue, *, as_json: bool, model_time: bool) -> None:
-    metrics = queue.metrics()
-    if as_json:
-        _say(json.dumps({"at": metrics.at, "depth": dict(metrics.depth),
-                         "oldest_ready_age": metrics.oldest_ready_age,
-                         "next_due_at": metrics.next_due_at,
-                         "expired_leases": metrics.expired_leases,
-                         "dead_attempts": dict(metrics.dead_attempts)}))
-        return
-    clock = "model time" if model_time else \
-        f"{datetime.fromtimestamp(metrics.at, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
-    expired = metrics.expired_leases
-    lines = {
-        "at": f"t={metrics.at} ({clock})",
-        "depth": ", ".join(f"{name} {n}" for name, n in metrics.depth.items()),
-        "oldest due": _oldest_due(metrics),
-        "expired leases": f"{expired}" + (" (past their deadline; the next claim recovers "
-                                          "them)" if expired else ""),
-        "dead attempts": ", ".join(f"{event_id} {n}" for event_id, n
-                                   in metrics.dead_attempts.items()) or "none dead",
-    }
-    for name, value in lines.items():
-        _say(f"{name + ':':<16}{value}")
-
-
-def _oldest_due(metrics: Metrics) -> str:
-    if metrics.oldest_ready_age is not None:
-        return (f"waiting {_duration(metrics.oldest_ready_age)}, "
-                f"since t={metrics.at - metrics.oldest_ready_age}")
-    if metrics.next_due_at is None:
-        return "none due, none ready"
-    return (f"none due; {_ready(metrics)}, the next due at t={metrics.next_due_at}, "
-            f"in {_duration(metrics.next_due_at - metrics.at)}")
-
-
-def _ready(metrics: Metrics) -> str:
-    ready = metrics.depth["ready"]
-    return f"{ready} ready message{'s' if ready != 1 else ''} waiting"
-
-
-def _duration(seconds: int) -> str:
-    """Seconds, with a rounded larger unit when there is one: 90061 s (about 1.0 days)."""
-    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600),
-                       ("minutes", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds} s (about {seconds / size:.1f} {unit})"
-    return f"{seconds} s"
 
 
 def _say(text: str) -> None:
@@ -376,3 +379,24 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _count(text: str) -> int:
+    """A number of messages (``--max``, ``--batch-size``): 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count of messages (a whole number, "
+                                         f"1 or more), got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of messages, 1 or more, got {value}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_COUNT} messages, got {value}")
+    return value
+
+
+def _target(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path or a postgresql:// connection "
+                                         f"string, got {text!r}")
+    return text

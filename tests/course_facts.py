@@ -241,9 +241,11 @@ CODE_LISTS = (
     # rejection codes of ingest.py", "codes below"); every other code by name
     CodeList(ROOT / "README.md", "Errors carry stable codes",
              lambda c: (c.api - c.ingest - c.unusable) | {"batch_conflict"}),
-    # an operational error: the file, the server or the output, not the input
+    # an operational error: the file, the server or the output, not the input (the
+    # command line's refusals of arguments exit with 2)
     CodeList(ROOT / "README.md", "Operational errors exit with 1",
-             lambda c: c.unusable | (c.cli - {"misplaced_option"}) | {"integrity_violation"}),
+             lambda c: c.unusable | (c.cli - {"misplaced_option", "unused_option"})
+             | {"integrity_violation"}),
 )
 
 

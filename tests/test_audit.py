@@ -96,6 +96,25 @@ def test_each_deliberate_edit_is_reported_by_name(db_path: Path, name: str) -> N
     assert all(f.name in FINDINGS and str(f).startswith(f.name) for f in found)
 
 
+@pytest.mark.parametrize("planted, detail", [
+    ("INSERT INTO transitions (at, event_id, from_state, to_state, generation, attempts, reason)"
+     " VALUES (1000, 'E0009', NULL, 'ready', 0, 0, 'x')",
+     "transitions row {seq} points at a missing message "
+     "(the foreign key from transitions to messages)"),
+    ("INSERT INTO effects VALUES ('E0009', 'book', 100)",  # WITHOUT ROWID: no row number
+     "a row of effects points at a missing message (the foreign key from effects to messages)"),
+], ids=["journal-row", "effect-row"])
+def test_a_row_whose_message_is_missing_is_named_in_plain_words(
+        db_path: Path, planted: str, detail: str) -> None:
+    played(db_path)
+    edit(db_path, "PRAGMA foreign_keys = OFF", planted)
+    seq = max(step.seq for step in snapshot(db_path).journal)
+
+    found = [f for f in findings(db_path) if f.name == "foreign_key_check"]
+
+    assert [str(f) for f in found] == [f"foreign_key_check: {detail.format(seq=seq)}"]
+
+
 def test_an_effect_written_twice_in_a_ledger_without_a_key_is_reported(db_path: Path) -> None:
     played(db_path)
     edit(db_path, "CREATE TABLE naive_ledger (seq INTEGER PRIMARY KEY, event_id TEXT, "

@@ -157,11 +157,71 @@ def test_the_default_database_is_queue_sqlite3_in_the_current_folder(scratch: Pa
 
 
 def test_work_on_an_empty_queue_exits_0_having_processed_nothing(scratch: Path) -> None:
+    Queue(scratch / "queue.sqlite3")  # a queue with nothing in it
+
     result = run(scratch, "--now", "1000", "work", "--lease-seconds", "2")
 
-    assert (result.returncode, outcomes(result.stdout)) == (0, [])
+    assert (result.returncode, result.stdout) == (0, "nothing left to claim at t=1000 "
+                                                     "(0 processed)\n")
     assert status_json(scratch) == {"states": {"ready": 0, "leased": 0, "done": 0, "dead": 0},
                                     "effects": 0, "totals": {}, "total": 0}
+
+
+@pytest.mark.parametrize("command", [["work"], ["work", "--max", "1"], ["redrive", "E0004"],
+                                     ["status"], ["metrics", "--json"]],
+                         ids=["work", "work-max", "redrive", "status", "metrics"])
+def test_only_enqueue_creates_a_queue_file_every_other_command_refuses_a_missing_one(
+        scratch: Path, command: list[str]) -> None:
+    before = sorted(path.name for path in scratch.iterdir())
+
+    result = run(scratch, "--db", "qeue.sqlite3", "--now", "1000", *command)  # a typo
+
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == ("error: no_queue_file: qeue.sqlite3: no queue here yet "
+                             "(enqueue a batch to create one)\n")
+    assert sorted(path.name for path in scratch.iterdir()) == before
+    created = run(scratch, "--db", "qeue.sqlite3", "--now", "1000", "enqueue", "demo.jsonl")
+    assert (created.returncode, created.stdout) == (0, "inserted 4, duplicates 1\n")
+    assert ledger(scratch / "qeue.sqlite3") == expect(total=0, effects=0, ready=4)
+
+
+COMMANDS = {
+    "enqueue": (["enqueue", "demo.jsonl"], "inserted 4, duplicates 1"),
+    "status": (["status"], "total:   0"),
+    "metrics": (["metrics", "--json"], '"dead_attempts": {}}'),
+    "work-max": (["work", "--max", "2"], "run work again to go on"),
+    "work-batch": (["work", "--batch-size", "3"], "(2 processed)"),
+    "metrics-after": (["metrics"], "dead attempts:  E0004 1"),
+    "redrive": (["redrive", "E0004"], "E0004 is ready again (attempts reset, generation kept)"),
+    "status-json": (["status", "--json"], '"total": 17000}'),
+    "work": (["work", "--accept", "toy"], "nothing left to claim at t=1000 (1 processed)"),
+}
+
+
+def test_every_command_leaves_only_the_database_file_when_it_ends(scratch: Path) -> None:
+    """SQLite removes -wal and -shm when the last connection closes, if it may write."""
+    for name, (command, last) in COMMANDS.items():
+        result = run(scratch, "--now", "1000", *command)
+
+        assert result.returncode == 0, (name, result.stderr)
+        assert result.stdout.splitlines()[-1].endswith(last), (name, result.stdout)
+        assert sorted(path.name for path in scratch.iterdir()) == [
+            "conflict.jsonl", "demo.jsonl", "queue.sqlite3"], name
+    assert ledger(scratch / "queue.sqlite3") == expect(total=20000, effects=4, done=4)
+
+
+def test_status_beside_an_open_connection_leaves_its_wal_alone(scratch: Path) -> None:
+    assert run(scratch, "--now", "1000", "enqueue", "demo.jsonl").returncode == 0
+    other = sqlite3.connect(scratch / "queue.sqlite3")  # another process's open connection
+    try:
+        assert other.execute("SELECT count(*) FROM messages").fetchone() == (4,)
+        result = run(scratch, "status", "--json")
+        assert (result.returncode, json.loads(result.stdout)["states"]["ready"]) == (0, 4)
+        assert (scratch / "queue.sqlite3-wal").exists()  # still in use: not removed under it
+        assert other.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+    finally:
+        other.close()
+    assert not (scratch / "queue.sqlite3-wal").exists()  # the last to close removed it
 
 
 def test_work_takes_only_what_is_due_at_now(scratch: Path) -> None:
@@ -203,13 +263,41 @@ def test_bad_arguments_exit_2_without_a_traceback(scratch: Path, args: list[str]
     assert not (scratch / "queue.sqlite3").exists()
 
 
+@pytest.mark.parametrize("args, error", [
+    (["work", "--max", "-1"], "argument --max: expected a count of messages, 1 or more, got -1"),
+    (["work", "--batch-size", "-2"],
+     "argument --batch-size: expected a count of messages, 1 or more, got -2"),
+    (["work", "--max", "abc"],
+     "argument --max: expected a count of messages (a whole number, 1 or more), got 'abc'"),
+    (["work", "--batch-size", "x"],
+     "argument --batch-size: expected a count of messages (a whole number, 1 or more), got 'x'"),
+    (["work", "--max", "9" * 20],
+     f"argument --max: at most 1000000000000 messages, got {'9' * 20}"),
+    (["work", "--lease-seconds", "-1"], "argument --lease-seconds: time cannot be negative, "
+                                        "got -1"),
+    (["work", "--lease-seconds", "soon"], "argument --lease-seconds: expected integer seconds, "
+                                          "got 'soon'"),
+    (["--now", "-5", "status"], "argument --now: time cannot be negative, got -5"),
+    (["--db", "", "enqueue", "demo.jsonl"],
+     "argument --db: expected a file path or a postgresql:// connection string, got ''"),
+], ids=["negative-max", "negative-batch", "word-max", "word-batch", "max-beyond-64-bit",
+        "negative-lease", "word-lease", "negative-now", "empty-db"])
+def test_a_count_is_refused_as_a_count_and_a_time_as_a_time(
+        scratch: Path, args: list[str], error: str) -> None:
+    before = sorted(path.name for path in scratch.iterdir())
+
+    result = run(scratch, *args)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[-1].endswith(f" error: {error}")
+    assert sorted(path.name for path in scratch.iterdir()) == before
+
+
 @pytest.mark.parametrize("make, command, code", [
     (lambda folder: folder, "status", "not_a_database"),
     (lambda folder: (folder / "junk.sqlite3").write_text("not a database " * 100) and
      folder / "junk.sqlite3", "status", "not_a_database"),
-    (lambda folder: folder / "no-such-folder" / "q.sqlite3", "status", "no_queue_file"),
-    (lambda folder: folder / "no-such-folder" / "q.sqlite3", "work", "database_error"),
-], ids=["a-directory", "not-a-database", "missing-folder", "missing-folder-to-create"])
+], ids=["a-directory", "not-a-database"])
 def test_an_unusable_database_file_is_an_operational_error_exit_1(
         scratch: Path, make, command: str, code: str) -> None:
     db = make(scratch)
@@ -220,6 +308,24 @@ def test_an_unusable_database_file_is_an_operational_error_exit_1(
     assert result.stderr.startswith(f"error: {code}: ")
     assert len(result.stderr.splitlines()) == 1
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["enqueue", "demo.jsonl"], ["work"], ["status"],
+                                     ["metrics"], ["redrive", "E0004"]],
+                         ids=["enqueue", "work", "status", "metrics", "redrive"])
+@pytest.mark.parametrize("db, why", [
+    ("nodir/x.sqlite3", "No such file or directory (the folder nodir does not exist)"),
+    ("demo.jsonl/x.sqlite3", "Not a directory (demo.jsonl is a file, not a folder)"),
+], ids=["missing-folder", "a-file-as-folder"])
+def test_a_database_path_in_a_missing_folder_says_so_and_leaves_nothing_behind(
+        scratch: Path, command: list[str], db: str, why: str) -> None:
+    before = {path.name: path.read_bytes() for path in scratch.iterdir()}
+
+    result = run(scratch, "--db", db, "--now", "1000", *command)
+
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"error: os_error: {db}: {why}\n"
+    assert {path.name: path.read_bytes() for path in scratch.iterdir()} == before
 
 
 def test_an_effect_written_behind_the_protocol_stops_work_with_exit_1_and_writes_nothing(

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import DATA, ROOT, snapshot
 from observe import expect, ledger, row
-from queue_core.cli import _after_work
+from queue_core.cli_text import work_summary
 from queue_core.values import Metrics
 from test_cli import outcomes, run, status_json
 
@@ -44,6 +44,25 @@ MISPLACED = {
     "now-after-status": (["status", "--json", "--now", "1000"],
                          "--now must come before the command 'status', "
                          "as in: queue-core --now 1000 status --json"),
+    "max-before-work": (["--max", "2", "work"],
+                        "--max must come after the command 'work', as in: queue-core work --max 2"),
+    "accept-before-work": (["--accept", "toy", "work"],
+                           "--accept must come after the command 'work', "
+                           "as in: queue-core work --accept toy"),
+    "categories-and-now-before-work": (["--accept", "toy", "bag", "--now", "5", "work", "--max",
+                                        "3"],
+                                       "--accept must come after the command 'work', "
+                                       "as in: queue-core --now 5 work --accept toy bag --max 3"),
+    "json-before-status": (["--json", "status"], "--json must come after the command "
+                                                 "'status', as in: queue-core status --json"),
+    "lease-with-equals-before-work": (["--lease-seconds=5", "--db", "q.sqlite3", "work"],
+                                      "--lease-seconds must come after the command 'work', "
+                                      "as in: queue-core --db q.sqlite3 work --lease-seconds=5"),
+    "max-without-its-value": (["--max", "work"], "--max must come after the command 'work', "
+                                                 "as in: queue-core work --max N"),
+    "both-ways-round": (["--batch-size", "3", "work", "--db", "q.sqlite3"],
+                        "--db must come before the command 'work' and --batch-size after it, "
+                        "as in: queue-core --db q.sqlite3 work --batch-size 3"),
 }
 
 
@@ -61,14 +80,55 @@ def test_a_global_option_after_the_command_is_refused_with_the_command_line_put_
     assert sorted(path.name for path in scratch.iterdir()) == before  # no database was made
 
 
+def put_right(refused: str) -> list[str]:
+    """The arguments of the command line a ``misplaced_option`` refusal shows."""
+    return refused.splitlines()[-1].split("as in: queue-core ", 1)[1].split()
+
+
 def test_the_command_line_put_right_runs(scratch: Path) -> None:
     refused = run(scratch, "enqueue", "demo.jsonl", "--now", "1000")
-    fixed = refused.stderr.splitlines()[-1].split("as in: queue-core ", 1)[1].split()
 
-    result = run(scratch, *fixed)
+    result = run(scratch, *put_right(refused.stderr))
 
     assert (result.returncode, result.stdout) == (0, "inserted 4, duplicates 1\n")
     assert row(scratch / "queue.sqlite3", "E0001")["available_at"] == 1000
+
+
+def test_a_work_option_put_before_the_command_is_put_right_and_then_runs(scratch: Path) -> None:
+    assert run(scratch, "--now", "1000", "enqueue", "demo.jsonl").returncode == 0
+    refused = run(scratch, "--accept", "toy", "--max", "2", "--now", "1000", "work")
+    before = snapshot(scratch / "queue.sqlite3")
+    assert refused.returncode == 2 and snapshot(scratch / "queue.sqlite3") == before
+
+    result = run(scratch, *put_right(refused.stderr))
+
+    assert put_right(refused.stderr) == ["--now", "1000", "work", "--accept", "toy", "--max", "2"]
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "E0001 done (generation 1): book +10000", "E0002 done (generation 1): pen +2000",
+        "stopped at --max 2 (2 processed); the rest is still queued (ready 2, leased 0): "
+        "run work again to go on"]
+    assert ledger(scratch / "queue.sqlite3") == expect(total=12000, effects=2, done=2, ready=2)
+
+
+@pytest.mark.parametrize("args, given", [(["--now", "5", "demo"], "--now"),
+                                         (["--db", "x.sqlite3", "demo"], "--db"),
+                                         (["--db", "x.sqlite3", "--now", "0", "demo"],
+                                          "--db and no --now")],
+                         ids=["now", "db", "both"])
+def test_the_demo_refuses_db_and_now_which_it_would_not_use(
+        scratch: Path, args: list[str], given: str) -> None:
+    before = sorted(path.name for path in scratch.iterdir())
+
+    result = run(scratch, *args)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    usage, refusal = result.stderr.splitlines()
+    assert usage.startswith("usage: queue-core ")
+    assert refusal == (f"queue-core: error: unused_option: demo takes no {given}: it runs in a "
+                       "temporary database of its own, on its own model clock, as in: "
+                       "queue-core demo")
+    assert sorted(path.name for path in scratch.iterdir()) == before
 
 
 def test_work_after_an_enqueue_on_the_system_clock_says_nothing_is_due_yet_and_when(
@@ -203,6 +263,8 @@ def test_the_readme_session_prints_exactly_what_the_readme_shows(tmp_path: Path)
         result = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True,
                                 text=True, timeout=120)
         assert (result.stdout + result.stderr).splitlines() == shown, command
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["data", "queue.sqlite3"], \
+            command  # no -wal, no -shm, and no file made by a mistyped --db
     assert ledger(tmp_path / "queue.sqlite3") == expect(total=20300, effects=6, done=6, ready=18)
 
 
@@ -223,4 +285,4 @@ def test_the_readme_session_prints_exactly_what_the_readme_shows(tmp_path: Path)
         "limit-reached-and-nothing-due", "empty"])
 def test_the_last_line_of_work_says_why_it_stopped(
         metrics: Metrics, processed: int, limit: int | None, line: str) -> None:
-    assert _after_work(metrics, processed, limit) == line
+    assert work_summary(metrics, processed, limit) == line

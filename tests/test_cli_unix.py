@@ -1,8 +1,8 @@
 """The command line as a well-kept Unix tool, through real subprocesses:
 Ctrl-C and SIGTERM stop ``work`` after the current message, a closed pipe or
 a full output device ends it quietly, ``--version`` and every help text.
-After each interruption the audit is clean and a later run finishes every
-message exactly once."""
+After each interruption the audit is clean, the folder holds the database
+file alone, and a later run finishes every message exactly once."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from queue_core import Queue, __version__
+from queue_core import __version__
 from queue_core.audit import findings, snapshot
 from queue_core.cli import build_parser
 
@@ -40,7 +40,9 @@ def busy_db(tmp_path: Path) -> tuple[Path, int]:
 
 
 def finish_and_check(db: Path, money: int) -> None:
-    """The interrupted file is consistent; a later run finishes every message once."""
+    """The interrupted file is consistent and alone (no -wal, no -shm: the stopped
+    worker closed its connection last); a later run finishes every message once."""
+    assert sorted(path.name for path in db.parent.iterdir()) == ["batch.jsonl", db.name]
     assert findings(db) == []
     done = subprocess.run(command(db, "work"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -65,8 +67,8 @@ def test_a_signal_during_work_stops_after_the_current_message(
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"stopped by {signal.Signals(signum).name} after ")
     assert "nothing left to claim" not in out
-    leased = Queue(db, create=False).status().states["leased"]
-    assert leased == 0  # the message in hand was settled before stopping
+    status = subprocess.run(command(db, "status", "--json"), capture_output=True, text=True)
+    assert json.loads(status.stdout)["states"]["leased"] == 0  # the message in hand was settled
     finish_and_check(db, money)
 
 
@@ -114,3 +116,16 @@ def test_every_argument_and_option_has_help_with_its_default_and_each_command_an
             assert action.help, (name, action.dest)
             if action.option_strings and action.nargs != 0:
                 assert "default" in action.help, (name, action.dest)
+
+
+def test_the_help_says_only_enqueue_creates_a_queue_and_what_the_demo_takes() -> None:
+    def help_of(*args: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "queue_core", *args, "--help"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return " ".join(result.stdout.split())
+
+    assert ("only enqueue creates it, every other command refuses a missing one "
+            "(no_queue_file) (default: queue.sqlite3)") in help_of()
+    assert "on its own model clock (so it takes neither --db nor --now)" in help_of("demo")
+    assert "--max N process at most N messages, then stop" in help_of("work")
