@@ -10,7 +10,10 @@ answers are in test_exercises.py.
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -335,8 +338,8 @@ ROUTES += [
     Route(5, "a-claim-that-recovers-leases", metric(recovering_by_a_claim),
         ("calls into queue_core (Queue(), Queue.claim())",), "write your own SELECT"),
     Route(5, "an-update-that-recovers-leases", metric(recovering_in_sql),
-        ("on 'three silent lease expiries, not yet noticed by a claim' your function changed "
-         "the database it measures",), "only read"),
+        ("on 'the reference scenario (E0004, unknown category)' your function writes to the "
+         "database it measures (UPDATE messages)",), "only read"),
     Route(5, "a-list-of-pairs", metric(as_rows),
         ("your function returned a list of pairs, not a dict {event_id: attempts}",),
         "return `dict(rows)`"),
@@ -360,6 +363,53 @@ ROUTES += [
         ("attempts that are not a whole number: 1.0 for E0004",), "(int)"),
     Route(5, "a-function-that-raises", metric(lambda p: 1 / 0),
         ("your function raised ZeroDivisionError",), "in a cell of its own"),
+]
+
+
+def through_the_command_line(db_path: str) -> dict[str, int]:
+    """The answer key, reached through the CLI in a child process."""
+    done = subprocess.run([sys.executable, "-m", "queue_core", "--db", db_path, "metrics",
+                           "--json"], capture_output=True, text=True, check=False)
+    return dict(json.loads(done.stdout)["dead_attempts"])
+
+
+def writes_and_reads(*writes: str) -> Callable[[str], dict[str, int]]:
+    """The right SELECT, after statements that write (and may change nothing)."""
+    def metric(db_path: str) -> dict[str, int]:
+        conn = sqlite3.connect(db_path)
+        try:
+            for statement in writes:
+                conn.execute(statement)
+            conn.commit()
+            return dict(conn.execute("SELECT event_id, attempts FROM messages "
+                                     "WHERE state = 'dead'"))
+        finally:
+            conn.close()
+    return metric
+
+
+def written_by_a_child_process(db_path: str) -> dict[str, int]:
+    """A table created by another process (no authorizer there), then the right SELECT."""
+    subprocess.run([sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                    "c.execute('CREATE TABLE mymetric (x)'); c.commit()", db_path], check=True)
+    return sql_metric("SELECT event_id, attempts FROM messages WHERE state = 'dead'")(db_path)
+
+
+NO_OP = "UPDATE messages SET attempts = attempts"
+ROUTES += [
+    Route(5, "the-answer-key-through-the-command-line", metric(through_the_command_line),
+        ("your function runs queue_core in a child process (`python",
+         "-m queue_core --db <path> metrics --json`): its metrics command is the answer key"),
+        "write your own SELECT"),
+    Route(5, "a-table-created-and-a-no-op-update", metric(writes_and_reads(
+        "CREATE TABLE mymetric (event_id TEXT, attempts INTEGER)", NO_OP)),
+        ("your function writes to the database it measures (CREATE TABLE mymetric, UPDATE "
+         "messages): a metric only reads",), "only read"),
+    Route(5, "a-no-op-update-alone", metric(writes_and_reads(NO_OP)),
+        ("writes to the database it measures (UPDATE messages)", "even a write that changes no "
+         "value"), "only read"),
+    Route(5, "a-table-created-by-a-child-process", metric(written_by_a_child_process),
+        ("your function changed the database it measures (a metric only reads)",), "only read"),
 ]
 
 
