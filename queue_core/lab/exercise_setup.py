@@ -52,9 +52,10 @@ def folder_refused(workdir: Any, number: int) -> bool:
     """Print why ``workdir`` is no folder to start exercise ``number`` in, and what
     to run; False (and nothing printed) when it is one.
 
-    The notebook's folder lives as long as its kernel, but ``scratch.cleanup()``
-    removes it: a start after that says to run the first code cell again,
-    instead of SQLite's "unable to open database file".
+    Notebook 09's last cell removes its folder (``scratch.cleanup()``): a
+    start run after it says to run the first code cell again, instead of
+    SQLite's "unable to open database file". No folder is made here: a
+    path mistyped is refused, not created.
     """
     start = f"`q{number} = exercises.start_{number}(workdir)`"
     if not isinstance(workdir, (str, os.PathLike)):
