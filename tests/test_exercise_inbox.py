@@ -99,7 +99,8 @@ def test_exercise_7_without_an_inbox_the_ledger_doubles_e0001_and_is_not_quite(
     verdict = exercises.check_7(queue, run)
     assert verdict.status == NOT_QUITE
     text = one_verdict(capsys, verdict)
-    assert "the naive ledger holds 27000 (E0001 2x, E0002 1x, E0003 1x)" in text
+    assert ("the naive ledger holds 27000 (E0001 2x, E0002 1x, E0003 1x): amounts no stored "
+            "message accounts for, and a ledger cannot tell a repeat from a new order") in text
     assert "total expected 17000, found 0" in text
 
 
@@ -129,7 +130,13 @@ def test_exercise_7_a_ledger_that_checks_for_repeats_has_the_right_total_and_the
     verdict = exercises.check_7(queue, run)
     assert verdict.status == NOT_QUITE
     text = one_verdict(capsys, verdict)
-    assert "effects expected 3, found 0" in text and "no stored message accounts for" in text
+    assert "effects expected 3, found 0" in text
+    assert ("the naive ledger holds 17000 (E0001 1x, E0002 1x, E0003 1x): your step counted each "
+            "order once, but in a ledger of its own: no stored message accounts for that money, "
+            "so the audit cannot judge it") in text
+    assert "it is not the inbox the exercise asks for: the queue's messages table" in text
+    assert "cannot tell a repeat" not in text  # this ledger did tell one
+    assert "hand each event to the queue" in verdict.next_step
 
 
 def test_exercise_7_a_step_that_only_enqueues_skips_the_processing_and_is_not_quite(
@@ -153,6 +160,41 @@ def test_exercise_7_a_hand_edit_after_the_naive_run_is_not_quite(tmp_path: Path,
     verdict = exercises.check_7(queue, run)
     assert verdict.status == NOT_QUITE
     assert "the file changed after your run" in one_verdict(capsys, verdict)
+
+
+def test_exercise_7_an_update_of_one_column_after_a_solved_run_is_named_and_not_quite(
+        tmp_path: Path, capsys) -> None:
+    queue, run = takeover(tmp_path, learners_inbox)
+    conn = sqlite3.connect(queue.path)  # every count and every cent stay as they were
+    conn.execute("UPDATE messages SET last_error = 'x' WHERE event_id = 'E0001'")
+    conn.commit()
+    conn.close()
+    assert figures(queue.path) == (17000, 3, {"done": 3}, 0)
+    verdict = exercises.check_7(queue, run)
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: the file changed after your run: E0001's last_error (a change made around "
+        "the protocol, with SQL of your own). Next: run `q7 = exercises.start_7(workdir)` "
+        "again, then `run_takeover_7` once")
+
+
+def test_exercise_7_a_second_run_on_a_used_start_is_refused_and_changes_nothing(
+        tmp_path: Path, capsys) -> None:
+    queue, first = takeover(tmp_path, learners_inbox)
+    before = figures(queue.path)
+    capsys.readouterr()
+    assert exercises.run_takeover_7(queue, learners_inbox) is None
+    assert capsys.readouterr().out.splitlines() == [
+        "Cannot run: q7 was already used by a run (t=1000 total 17000 (book 15000, pen 2000); "
+        "effects 3; ready 0, leased 0, done 3, dead 0): run `q7 = exercises.start_7(workdir)` "
+        "again first, then run_takeover_7 once"]
+    assert figures(queue.path) == before
+    verdict = exercises.check_7(queue, None)  # what the refused second run returned
+    assert verdict.status == NOT_QUITE
+    text = one_verdict(capsys, verdict)
+    assert "found None (it returns None when it cannot run, on a used start for one)" in text
+    assert verdict.next_step.startswith("run `q7 = exercises.start_7(workdir)` again")
+    assert exercises.check_7(queue, first).status == SOLVED  # the first run still holds
 
 
 def test_exercise_7_a_step_that_writes_the_rows_by_hand_is_found_by_the_audit(
@@ -218,7 +260,8 @@ def test_exercise_7_run_refuses_what_it_cannot_run_with_one_line(tmp_path: Path,
     assert exercises.run_takeover_7("a queue", learners_inbox) is None
     printed = capsys.readouterr().out.splitlines()
     assert printed == ["Cannot run: the step must be a function (queue, line), found 'enqueue it'",
-                       "Cannot run: pass the queue that start_7(workdir) returned"]
+                       "Cannot run: pass the queue that `q7 = exercises.start_7(workdir)` "
+                       "returned, found a value of type str"]
     assert figures(queue.path) == (0, 0, {}, 0)
 
 

@@ -10,7 +10,10 @@ answers are in test_exercises.py.
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +22,8 @@ from typing import Any, Callable
 import pytest
 
 from conftest import DATA
-from queue_core import BatchRejected, Handler, Lease, LeaseLost, Queue, drain, finish
+from queue_core import (BatchConflict, BatchRejected, Handler, Lease, LeaseLost, Queue, drain,
+                        finish)
 from queue_core.audit import snapshot
 from queue_core.lab import exercises
 from queue_core.lab.exercises import NOT_QUITE
@@ -31,7 +35,8 @@ Played = tuple[str, tuple[Any, ...]]  # the queue file checked, and the check's 
 @dataclass(frozen=True)
 class Route:
     """A wrong way through exercise ``number``, what its verdict must name, the
-    next step it must give, and (for a right total) the figures it reaches."""
+    next step it must give, (for a right total) the figures it reaches, and
+    what the verdict must not claim (a reason that is not this route's)."""
 
     number: int
     name: str
@@ -39,6 +44,7 @@ class Route:
     says: tuple[str, ...]
     next_step: str
     reaches: tuple[int, int, dict[str, int]] | None = None
+    not_says: tuple[str, ...] = ()
 
 
 def sql(db: str, *statements: str) -> None:
@@ -99,7 +105,7 @@ ROUTES = [
         (19000, 4, {"done": 4, "dead": 1})),
     Route(1, "new-event-enqueued-but-never-processed", lambda t: one_with(t, NEW_E0005, work=False),
         ("E0005 is ready: no worker has processed it yet", "total expected 19000, found 17000"),
-        "drain(q1, handler)"),
+        "`drain(q1, Handler())`"),
     Route(1, "edit-never-tried", lambda t: one_with(t, NEW_E0005, edit=False),
         ("the edit of E0001: expected a batch_conflict refusal, found none",),
         "run the edit cell", (19000, 4, {"done": 4, "dead": 1})),
@@ -113,6 +119,69 @@ ROUTES = [
     Route(1, "correction-of-the-wrong-amount", lambda t: one_with(t, E0005_1000),
         ("E0005 brings 1000, the difference is 2000", "total expected 19000, found 18000"),
         "ONE new event of 2000"),
+]
+
+
+
+def made_up() -> BatchConflict:
+    """A refusal built by hand: no queue ever raised it."""
+    return BatchConflict("made up", line=1, event_id="E0001")
+
+
+def raised_by_own_code() -> Exception:
+    """A refusal the learner's own code raised: it passed through no queue."""
+    return caught(lambda: (_ for _ in ()).throw(made_up()))
+
+
+def honest_with(refusal: Callable[[Path], Any]) -> Callable[[Path], tuple[Any, ...]]:
+    """Exercise 1's honest correction, kept with ``refusal`` as the edit's evidence
+    (the dishonest step itself skipped)."""
+    def play(tmp: Path) -> tuple[Any, ...]:
+        queue, _ = one_with(tmp, NEW_E0005, edit=False)
+        return queue, refusal(tmp)
+    return play
+
+
+def edit_refused_by(start: Callable[[Path], Queue | None], line: str = EDIT_E0001
+                    ) -> Callable[[Path], Exception]:
+    def refusal(folder: Path) -> Exception:
+        other = start(folder)
+        assert other is not None
+        return caught(lambda: other.enqueue_jsonl(line))
+    return refusal
+
+
+def one_with_edit_of(tmp: Path, edit: str) -> tuple[Any, ...]:
+    """Exercise 1 solved, with the refusal of ``edit`` (raised by q1) as the evidence."""
+    queue = exercises.start_1(tmp)
+    refusal = caught(lambda: queue.enqueue_jsonl(edit))
+    queue.enqueue_jsonl(NEW_E0005)
+    drain(queue, Handler())
+    return queue, refusal
+
+
+EDIT_E0002 = '{"event_id": "E0002", "payload": {"category": "pen", "amount_cents": 2500}}'
+SOLVED_1 = (19000, 4, {"done": 4, "dead": 1})
+ROUTES += [
+    Route(1, "a-refusal-made-by-hand-and-the-edit-skipped", honest_with(lambda t: made_up()),
+        ("the edit of E0001: that batch_conflict was not raised by a call on q1",),
+        "run the edit cell", SOLVED_1),
+    Route(1, "a-refusal-raised-by-the-learners-own-code", honest_with(
+        lambda t: raised_by_own_code()),
+        ("that batch_conflict was not raised by a call on q1",), "run the edit cell", SOLVED_1),
+    Route(1, "a-refusal-raised-by-exercise-2s-queue", honest_with(edit_refused_by(
+        exercises.start_2)),
+        ("the edit of E0001: that refusal was raised by exercise 2's queue (q2), not by q1",),
+        "on q1 itself: run the edit cell", SOLVED_1),
+    Route(1, "a-refusal-raised-by-an-exercise-1-queue-in-another-folder", honest_with(
+        lambda t: edit_refused_by(exercises.start_1)(place(t, "earlier"))),
+        ("that refusal was raised by exercise 1's file in another folder",),
+        "on q1 itself: run the edit cell", SOLVED_1),
+    Route(1, "a-conflict-on-another-event-than-e0001", lambda t: one_with_edit_of(t, EDIT_E0002),
+        ("the edit of E0001: event expected E0001, found E0002",), "the edit must be E0001",
+        SOLVED_1),
+    Route(1, "exercise-3s-queue-passed-to-check-1", lambda t: (exercises.start_3(t), None),
+        ("that is exercise 3's queue (q3, built by start_3), not exercise 1's",), "pass q1"),
 ]
 
 
@@ -157,6 +226,30 @@ ROUTES += [
 ]
 
 
+def two_kept(refusal: Callable[[Path], Any]) -> Callable[[Path], tuple[Any, ...]]:
+    """Exercise 2's start untouched, with ``refusal`` kept as the batch's evidence."""
+    return lambda tmp: (exercises.start_2(tmp), refusal(tmp), "b")
+
+
+def file_refused_by_exercise_1s_queue(tmp: Path) -> Exception:
+    other = exercises.start_1(tmp)
+    return caught(lambda: other.enqueue_file(DATA / "conflict.jsonl"))
+
+
+SOLVED_2 = (17000, 3, {"done": 3, "dead": 1})
+ROUTES += [
+    Route(2, "a-refusal-made-by-hand", two_kept(lambda t: BatchConflict(
+        "made up", line=2, event_id="E0001")),
+        ("the conflicting batch: that batch_conflict was not raised by a call on q2",),
+        "set conflict_file", SOLVED_2),
+    Route(2, "the-file-refused-by-exercise-1s-queue", two_kept(file_refused_by_exercise_1s_queue),
+        ("that refusal was raised by exercise 1's queue (q1), not by q2",),
+        "on q2 itself: set conflict_file", SOLVED_2),
+    Route(2, "exercise-1s-queue-passed-to-check-2", lambda t: (exercises.start_1(t), None, "b"),
+        ("that is exercise 1's queue (q1, built by start_1), not exercise 2's",), "pass q2"),
+]
+
+
 # -- exercise 3 --------------------------------------------------------------------
 
 def three_with(tmp: Path, play: Callable[[Queue], None]) -> tuple[Any, ...]:
@@ -194,7 +287,19 @@ ROUTES += [
         "run `start_3` again", (20000, 4, {"done": 4})),
     Route(3, "redriven-but-never-processed", lambda t: three_with(
         t, redriven_with(Handler().supporting("toy"), work=False)),
-        ("E0004 is ready: no worker has processed it yet",), "drain(q3, handler)"),
+        ("E0004 is ready: no worker has processed it yet",), "`drain(q3, newer_handler)`"),
+]
+
+
+def exercise_1_solved(tmp: Path) -> tuple[Any, ...]:
+    queue, _ = one_with(tmp, NEW_E0005)
+    return (queue,)
+
+
+ROUTES += [
+    Route(3, "exercise-1s-queue-passed-to-check-3", exercise_1_solved,
+        ("that is exercise 1's queue (q1, built by start_1), not exercise 3's",), "pass q3",
+        not_says=("no new event expected",)),
 ]
 
 
@@ -293,6 +398,37 @@ ROUTES += [
 ]
 
 
+def made_up_late_acks(before: Any, after: Any, w2: Any, w3: Any) -> tuple[Any, Any]:
+    """W1's real lease, with refusals built by hand instead of its late ACKs' own."""
+    made = [LeaseLost("stale_generation", "made up", event_id="E0004") for _ in range(2)]
+    return (before[0], made[0]), (after[0], made[1])
+
+
+def refusals_of_another_queue(tmp: Path) -> tuple[Any, ...]:
+    """W1's lease of q4, each paired with what the same story raised on another q4."""
+    _, other_before, other_after = story(place(tmp, "other"), lambda b, a, w2, w3: (b, a))
+    queue, before, after = story(place(tmp, "q4"), lambda b, a, w2, w3: (b, a))
+    return queue, (before[0], other_before[1]), (after[0], other_after[1])
+
+
+ROUTES += [
+    Route(4, "both-pairs-in-the-wrong-order", lambda t: story(
+        t, lambda b, a, w2, w3: ((b[1], b[0]), (a[1], a[0]))),
+        ("before the redrive: the pair is in the wrong order, (refusal, lease)",
+         "after the redrive: the pair is in the wrong order, (refusal, lease)"),
+        "write it as (w1, exc)", SOLVED_FIGURES, not_says=("same refusal",)),
+    Route(4, "refusals-made-by-hand-for-w1s-lease", lambda t: story(t, made_up_late_acks),
+        ("before the redrive: that stale_generation refusal was raised by no call on q4",
+         "after the redrive: that stale_generation refusal was raised by no call on q4"),
+        "keep what `q4.complete(w1, ...)` raises", SOLVED_FIGURES),
+    Route(4, "refusals-raised-by-another-exercise-4-queue", refusals_of_another_queue,
+        ("that stale_generation refusal was raised by exercise 4's file in another folder",),
+        "keep what `q4.complete(w1, ...)` raises", SOLVED_FIGURES),
+    Route(4, "exercise-6s-queue-passed-to-check-4", lambda t: (exercises.start_6(t), None, None),
+        ("that is exercise 6's queue (q6, built by start_6), not exercise 4's",), "pass q4"),
+]
+
+
 # -- exercise 5 --------------------------------------------------------------------
 
 def recovering_in_sql(db_path: str) -> dict[str, int]:
@@ -335,8 +471,8 @@ ROUTES += [
     Route(5, "a-claim-that-recovers-leases", metric(recovering_by_a_claim),
         ("calls into queue_core (Queue(), Queue.claim())",), "write your own SELECT"),
     Route(5, "an-update-that-recovers-leases", metric(recovering_in_sql),
-        ("on 'three silent lease expiries, not yet noticed by a claim' your function changed "
-         "the database it measures",), "only read"),
+        ("on 'the reference scenario (E0004, unknown category)' your function writes to the "
+         "database it measures (UPDATE messages)",), "only read"),
     Route(5, "a-list-of-pairs", metric(as_rows),
         ("your function returned a list of pairs, not a dict {event_id: attempts}",),
         "return `dict(rows)`"),
@@ -360,6 +496,53 @@ ROUTES += [
         ("attempts that are not a whole number: 1.0 for E0004",), "(int)"),
     Route(5, "a-function-that-raises", metric(lambda p: 1 / 0),
         ("your function raised ZeroDivisionError",), "in a cell of its own"),
+]
+
+
+def through_the_command_line(db_path: str) -> dict[str, int]:
+    """The answer key, reached through the CLI in a child process."""
+    done = subprocess.run([sys.executable, "-m", "queue_core", "--db", db_path, "metrics",
+                           "--json"], capture_output=True, text=True, check=False)
+    return dict(json.loads(done.stdout)["dead_attempts"])
+
+
+def writes_and_reads(*writes: str) -> Callable[[str], dict[str, int]]:
+    """The right SELECT, after statements that write (and may change nothing)."""
+    def metric(db_path: str) -> dict[str, int]:
+        conn = sqlite3.connect(db_path)
+        try:
+            for statement in writes:
+                conn.execute(statement)
+            conn.commit()
+            return dict(conn.execute("SELECT event_id, attempts FROM messages "
+                                     "WHERE state = 'dead'"))
+        finally:
+            conn.close()
+    return metric
+
+
+def written_by_a_child_process(db_path: str) -> dict[str, int]:
+    """A table created by another process (no authorizer there), then the right SELECT."""
+    subprocess.run([sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                    "c.execute('CREATE TABLE mymetric (x)'); c.commit()", db_path], check=True)
+    return sql_metric("SELECT event_id, attempts FROM messages WHERE state = 'dead'")(db_path)
+
+
+NO_OP = "UPDATE messages SET attempts = attempts"
+ROUTES += [
+    Route(5, "the-answer-key-through-the-command-line", metric(through_the_command_line),
+        ("your function runs queue_core in a child process (`python",
+         "-m queue_core --db <path> metrics --json`): its metrics command is the answer key"),
+        "write your own SELECT"),
+    Route(5, "a-table-created-and-a-no-op-update", metric(writes_and_reads(
+        "CREATE TABLE mymetric (event_id TEXT, attempts INTEGER)", NO_OP)),
+        ("your function writes to the database it measures (CREATE TABLE mymetric, UPDATE "
+         "messages): a metric only reads",), "only read"),
+    Route(5, "a-no-op-update-alone", metric(writes_and_reads(NO_OP)),
+        ("writes to the database it measures (UPDATE messages)", "even a write that changes no "
+         "value"), "only read"),
+    Route(5, "a-table-created-by-a-child-process", metric(written_by_a_child_process),
+        ("your function changed the database it measures (a metric only reads)",), "only read"),
 ]
 
 
@@ -423,6 +606,29 @@ ROUTES += [
 ]
 
 
+def a_run_elsewhere_and_a_fresh_q6(tmp: Path) -> tuple[Any, ...]:
+    _, elsewhere = six_with(place(tmp, "other"), [ACK, INSERT])
+    return exercises.start_6(place(tmp, "q6")), elsewhere
+
+
+def a_run_on_exercise_4s_queue(tmp: Path) -> tuple[Any, ...]:
+    run = exercises.run_naive_worker(exercises.start_4(tmp), [ACK, INSERT])
+    return exercises.start_6(tmp), run
+
+
+ROUTES += [
+    Route(6, "a-run-on-another-database-checked-against-a-fresh-q6", a_run_elsewhere_and_a_fresh_q6,
+        ("that run was taken on another database, not on q6's file (it ran on exercise 6's file "
+         "in another folder",), "on q6 itself", (0, 0, {"ready": 1}),
+        not_says=("q6 is a fresh start",)),
+    Route(6, "a-run-on-exercise-4s-queue", a_run_on_exercise_4s_queue,
+        ("that run was taken on another database, not on q6's file (it ran on exercise 4's queue "
+         "(q4))",), "on q6 itself", (0, 0, {"ready": 1}), not_says=("q6 is a fresh start",)),
+    Route(6, "exercise-4s-queue-passed-to-check-6", lambda t: (exercises.start_4(t), None),
+        ("that is exercise 4's queue (q4, built by start_4), not exercise 6's",), "pass q6"),
+]
+
+
 @pytest.mark.parametrize("route", ROUTES, ids=[f"{r.number}-{r.name}" for r in ROUTES])
 def test_each_wrong_route_is_refused_naming_what_is_wrong_and_what_to_do_next(
         route: Route, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -434,6 +640,7 @@ def test_each_wrong_route_is_refused_naming_what_is_wrong_and_what_to_do_next(
     assert verdict.status == NOT_QUITE, verdict.text
     assert [said for said in route.says if said not in verdict.detail] == [], verdict.text
     assert route.next_step in verdict.next_step, verdict.text
+    assert [said for said in route.not_says if said in verdict.text] == [], verdict.text
     assert verdict.text.endswith(f". Next: {verdict.next_step}")
     if route.reaches is not None:  # the money is right; the route is what is wrong
         assert figures(args[0].path) == route.reaches

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import tempfile
 from collections import Counter, OrderedDict
 from pathlib import Path
 from types import MappingProxyType
@@ -442,3 +443,144 @@ def test_exercise_5s_prepared_databases_listed_in_exercises_md_are_those_the_che
 
 def _number_word(n: int) -> str:
     return ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"][n]
+
+
+# -- a work folder removed, a queue of another exercise ----------------------------------
+
+STARTS = range(1, 8)
+
+
+def removed_folder() -> Path:
+    """A work folder as the notebook makes it, then removed by ``scratch.cleanup()``."""
+    scratch = tempfile.TemporaryDirectory(prefix="queue-exercises-")
+    scratch.cleanup()
+    return Path(scratch.name)
+
+
+@pytest.mark.parametrize("number", STARTS)
+def test_a_start_in_a_removed_work_folder_says_to_run_the_first_cell_again_and_raises_nothing(
+        number: int, capsys) -> None:
+    gone = removed_folder()
+    assert getattr(exercises, f"start_{number}")(gone) is None
+    assert capsys.readouterr().out.splitlines() == [
+        f"Cannot start exercise {number}: its work folder does not exist (any more: "
+        "`scratch.cleanup()` removes it). Run the notebook's first code cell again (it makes a "
+        f"new workdir), then `q{number} = exercises.start_{number}(workdir)`"]
+    assert not gone.exists()  # refused: no folder made behind the learner's back
+    exercises.show(None)      # the start cell's own next line
+    assert capsys.readouterr().out == "Nothing to show: no queue (the start cell above says why)\n"
+
+
+def test_a_start_given_no_folder_or_a_file_says_what_to_pass(tmp_path: Path, capsys) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    assert exercises.start_3(42) is None and exercises.start_3(a_file) is None
+    assert capsys.readouterr().out.splitlines() == [
+        "Cannot start exercise 3: pass the work folder, `q3 = exercises.start_3(workdir)`, "
+        "found a value of type int",
+        "Cannot start exercise 3: the work folder given is a file, not a folder: pass workdir, "
+        "`q3 = exercises.start_3(workdir)`"]
+
+
+@pytest.mark.parametrize("number", [1, 2, 3, 4, 6, 7])
+def test_a_check_of_a_queue_whose_folder_was_removed_says_to_run_the_first_cell_again(
+        number: int, capsys) -> None:
+    scratch = tempfile.TemporaryDirectory(prefix="queue-exercises-")
+    queue = getattr(exercises, f"start_{number}")(Path(scratch.name))
+    scratch.cleanup()
+    capsys.readouterr()
+    verdict = getattr(exercises, f"check_{number}")(queue)
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        f"Not quite: q{number}'s file does not exist any more (`scratch.cleanup()` removes the "
+        "work folder). Next: run the notebook's first code cell again, then "
+        f"`q{number} = exercises.start_{number}(workdir)` and your cells")
+
+
+def test_the_workers_of_exercises_6_and_7_refuse_a_queue_whose_folder_was_removed(
+        capsys) -> None:
+    scratch = tempfile.TemporaryDirectory(prefix="queue-exercises-")
+    q6, q7 = exercises.start_6(Path(scratch.name)), exercises.start_7(Path(scratch.name))
+    scratch.cleanup()
+    capsys.readouterr()
+    assert exercises.run_naive_worker(q6, [ACK, INSERT]) is None
+    assert exercises.run_takeover_7(q7, lambda queue, line: None) is None  # before any server
+    assert capsys.readouterr().out.splitlines() == [
+        f"Cannot run: q{n}'s file does not exist any more (`scratch.cleanup()` removes the work "
+        f"folder): run the notebook's first code cell again, then "
+        f"`q{n} = exercises.start_{n}(workdir)`" for n in (6, 7)]
+    assert not Path(scratch.name).exists()
+
+
+OTHER_QUEUE = [(3, 1), (1, 3), (2, 1), (4, 6), (6, 4), (7, 6), (1, 7)]
+
+
+@pytest.mark.parametrize("number, other", OTHER_QUEUE, ids=[f"check_{n}-given-q{o}"
+                                                            for n, o in OTHER_QUEUE])
+def test_a_check_given_another_exercises_queue_says_whose_it_is_and_which_to_pass(
+        tmp_path: Path, number: int, other: int, capsys) -> None:
+    queue = getattr(exercises, f"start_{other}")(tmp_path)
+    capsys.readouterr()
+    verdict = getattr(exercises, f"check_{number}")(queue)
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        f"Not quite: that is exercise {other}'s queue (q{other}, built by start_{other}), not "
+        f"exercise {number}'s. Next: pass q{number}, the queue `q{number} = "
+        f"exercises.start_{number}(workdir)` returned: `exercises.check_{number}(q{number}, ...)`")
+
+
+# -- following a verdict's next step literally ----------------------------------------------
+
+def snippets(text: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", text)
+
+
+def test_exercise_3_redriven_but_not_drained_names_the_handler_that_works_and_it_solves_it(
+        tmp_path: Path) -> None:
+    queue = exercises.start_3(tmp_path)
+    queue.redrive("E0004")
+    verdict = exercises.check_3(queue)
+    assert verdict.status == NOT_QUITE
+    code = snippets(verdict.next_step)
+    assert code[:2] == ["drain(q3, newer_handler)", 'newer_handler = Handler().supporting("toy")']
+    assert "`Handler()` alone does not know toy" in verdict.next_step
+    scope = {"q3": queue, "Handler": Handler, "drain": drain}
+    exec(code[1], scope)   # the assignment first, then the worker, as the next step says
+    exec(code[0], scope)
+    assert exercises.check_3(queue).status == SOLVED
+    assert figures(queue.path) == (20000, 4, {"done": 4})
+
+
+def test_exercise_1_enqueued_but_not_drained_names_a_worker_call_that_solves_it(
+        tmp_path: Path) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = refused(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    queue.enqueue_jsonl(NEW_E0005)
+    verdict = exercises.check_1(queue, refusal)
+    assert verdict.status == NOT_QUITE and "E0005 is ready" in verdict.detail
+    [call] = snippets(verdict.next_step)
+    exec(call, {"q1": queue, "Handler": Handler, "drain": drain})
+    assert exercises.check_1(queue, refusal).status == SOLVED
+
+
+def test_exercise_2_the_path_written_from_the_repository_root_is_named_as_seen_from_the_notebook(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The notebook runs in notebooks/: there the path EXERCISES.md's Goal shows first,
+    data/conflict.jsonl, leads nowhere; the verdict names the one that does."""
+    monkeypatch.chdir(DATA.parent / "notebooks")
+    queue = exercises.start_2(tmp_path)
+    missing = refused(lambda: queue.enqueue_file("data/conflict.jsonl"))
+    assert missing.code == "file_not_found"
+    verdict = exercises.check_2(queue, missing, "b")
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: the conflicting batch: the file was not found (file_not_found): a relative "
+        "path starts from the folder the notebook runs in (notebooks/ for notebook 09), so the "
+        'batch\'s path is "../data/conflict.jsonl". Next: set `conflict_file = '
+        '"../data/conflict.jsonl"` and run that cell again')
+    [assignment] = snippets(verdict.next_step)
+    scope: dict[str, Any] = {}
+    exec(assignment, scope)
+    conflict = refused(lambda: queue.enqueue_file(scope["conflict_file"]))
+    assert exercises.check_2(queue, conflict, "b").status == SOLVED
+    assert "../data/conflict.jsonl" in sections()[2].split("**Why it matters.**")[0]

@@ -19,7 +19,8 @@ from ..audit import Snapshot, snapshot
 from ..crashpoints import CRASH_EXIT_CODE
 from .exercise_setup import NaiveRun, explain_sql_error, run_naive_quietly, start_6
 from .exercise_verdicts import (Findings, NotAttempted, Stop, Verdict, checked, compare,
-                                figures, path_of, plain, read, states, untouched, used_start)
+                                figures, path_of, plain, read, states, untouched, used_start,
+                                whose)
 
 __all__ = ["check_6"]
 
@@ -57,16 +58,19 @@ def _the_run(world: Snapshot, path: str, run: Any) -> NaiveRun:
     if not isinstance(run, NaiveRun):
         raise Stop(f"the naive worker's run: expected what run_naive_worker returned, found "
                    f"{plain(run)}", f"keep the run: {_RUN}")
-    if run.event_id is None:
+    elsewhere = not (run.db and os.path.exists(run.db) and os.path.samefile(run.db, path))
+    if run.event_id is None and not elsewhere:
         raise used_start(world, 6, "E0003", "the naive worker found nothing to claim")
     tied = Findings(6, _AGAIN)
-    if not (run.db and os.path.exists(run.db) and os.path.samefile(run.db, path)):
-        tied.add("that run was taken on another database, not on q6's file")
+    if elsewhere:   # first: whatever that run found, it is another queue's story
+        tied.add(f"that run was taken on another database, not on q6's file (it ran on "
+                 f"{_which(run.db)})")
     claims = [t for t in world.journal if t.event_id == run.event_id and t.reason == "claimed"]
-    if run.generation not in [t.generation for t in claims] and untouched(world, 6):
+    claimed = run.generation in [t.generation for t in claims]
+    if not claimed and not elsewhere and untouched(world, 6):
         raise Stop("q6 is a fresh start: that run came before `start_6` built it again",
                    f"run the worker cell again on this q6: {_RUN}, then this check")
-    if run.generation not in [t.generation for t in claims]:
+    if not claimed and run.event_id is not None and not (elsewhere and untouched(world, 6)):
         stored = world.messages.get(run.event_id)
         tied.add(f"q6's journal holds no claim of {run.event_id} by generation {run.generation} "
                  f"(the run's): {run.event_id} is {stored.state if stored else 'gone'} without "
@@ -78,6 +82,11 @@ def _the_run(world: Snapshot, path: str, run: Any) -> NaiveRun:
         raise Stop(f"step {run.committed + 1} failed in the worker: {what}",
                    f"{step}; then {_AGAIN}")
     return run
+
+
+def _which(db: str) -> str:
+    """The other database, named without its folder."""
+    return whose(db, 6) if db else "no file it recorded"
 
 
 def _order(world: Snapshot, run: NaiveRun, found: Findings) -> None:
@@ -133,6 +142,7 @@ def _replay(run: NaiveRun, crash_after: int) -> tuple[NaiveRun, Snapshot]:
     """Run the same steps at the same model time on a fresh start of exercise 6."""
     with tempfile.TemporaryDirectory(prefix="queue-exercise-6-") as workdir:
         queue = start_6(workdir)
+        assert queue is not None  # a new temporary folder is always usable
         queue.clock.set(run.now)  # type: ignore[attr-defined]
         again = run_naive_quietly(queue, run.steps, crash_after)
         return again, snapshot(queue.path)

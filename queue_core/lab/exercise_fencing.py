@@ -6,6 +6,9 @@ learner's queue says what happened to that lease: its claim must be there
 (a lease from another queue is not this story), a later claim must have
 noticed it expired (the worker stalled; it did not finish or fail the
 message itself), and for the second pair a redrive must follow its claim.
+The refusal must have been raised by a call on the learner's queue: its
+traceback names that queue (``exercise_verdicts.raised_by``), which a
+refusal built by hand, or raised by another exercise's queue, cannot.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from ..audit import Snapshot
 from ..errors import QueueError
 from ..values import Effect, Lease, Transition
 from .exercise_verdicts import (Findings, NotAttempted, Verdict, bypassed, checked, compare,
-                                figures, nudge, plain, read, states, untouched, used_start)
+                                figures, nudge, path_of, plain, raised_by, read, same_file,
+                                states, untouched, used_start, whose)
 
 __all__ = ["check_4"]
 
@@ -47,11 +51,12 @@ def check_4(queue: Any, before_redrive: Any = None, after_redrive: Any = None) -
                             "both pairs (w1, exc)")
         for wrong in compare(world, 3000, 1, states(done=1)):
             found.add(wrong)
-        late = _pair(_BEFORE, before_redrive, world, found)
-        _pair(_AFTER, after_redrive, world, found)
+        late = _pair(_BEFORE, before_redrive, world, path_of(queue), found)
+        _pair(_AFTER, after_redrive, world, path_of(queue), found)
         if _same_refusal(before_redrive, after_redrive):
             found.add(f"{_AFTER}: that is the same refusal as {_BEFORE}", _KEEP[_AFTER])
-        nudge(world, found)
+        nudge(world, found, "let W3 claim E0004 and finish it with the handler that knows toy: "
+                            "`w3 = q4.claim()`, then `q4.complete(w3, newer)` (Hint 3)")
         bypassed(world, found)
         stalled = f"generation {late.generation}, attempt {late.attempt}" if late else ""
         return found.verdict(f"the generation fenced the stalled lease ({stalled}) before and "
@@ -60,11 +65,12 @@ def check_4(queue: Any, before_redrive: Any = None, after_redrive: Any = None) -
 
 
 def _same_refusal(first: Any, second: Any) -> bool:
-    return (isinstance(first, tuple) and isinstance(second, tuple) and len(first) == 2
-            and len(second) == 2 and first[1] is not None and first[1] is second[1])
+    """Both pairs well formed, (lease, refusal), and holding the very same refusal."""
+    return all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], BaseException)
+               for p in (first, second)) and first[1] is second[1]
 
 
-def _pair(label: str, part: Any, world: Snapshot, found: Findings) -> Lease | None:
+def _pair(label: str, part: Any, world: Snapshot, path: str, found: Findings) -> Lease | None:
     """Add what is wrong with one (stalled lease, refusal) pair; its lease if well formed."""
     lease = _lease_of(label, part, found)
     if lease is None:
@@ -79,9 +85,9 @@ def _pair(label: str, part: Any, world: Snapshot, found: Findings) -> Lease | No
                   "`start_4` again)")
         return None
     already = len(found.wrong)
-    _refusal(label, lease, part[1], found)
     told = isinstance(part[1], Effect) or getattr(part[1], "code", None) == "lease_expired"
-    _stalled(label, lease, claim, history, found, told=told)
+    _stalled(label, lease, claim, history, found, told=told)  # the wrong worker first
+    _refusal(label, lease, part[1], found, path)
     stored = world.messages.get(lease.event_id)
     if len(found.wrong) == already and stored is not None \
             and stored.generation <= lease.generation:  # only a hand edit lowers it
@@ -114,9 +120,17 @@ def _lease_of(label: str, part: Any, found: Findings) -> Lease | None:
     return part[0]
 
 
-def _refusal(label: str, lease: Lease, error: Any, found: Findings) -> None:
-    """Add what is wrong with the refusal the lease got (it must be stale_generation)."""
+def _refusal(label: str, lease: Lease, error: Any, found: Findings, path: str) -> None:
+    """Add what is wrong with the refusal the lease got: it must be stale_generation,
+    raised by a call on q4 (``raised_by``: a refusal made by hand names no queue)."""
     who = f"W{lease.generation}"
+    origin = raised_by(error) if isinstance(error, QueueError) else path
+    if origin is None or not same_file(origin, path):
+        by = (whose(origin, 4) if origin
+              else "no call on q4 (it was made or raised by your own code)")
+        found.add(f"{label}: that {error.code} refusal was raised by {by}, not by {who}'s "
+                  "late ACK on q4", f"keep what `q4.complete(w1, ...)` raises: {_KEEP[label]}")
+        return
     if isinstance(error, Effect):
         found.add(f"{label}: {who}'s ACK was accepted (it returned an Effect), not refused",
                   _TAKE_OVER)

@@ -17,8 +17,12 @@ after the other in that fixed order, so the story is the same on every run.
 The step is ``step(queue, line)``: ``line`` is the entry's JSONL line,
 validated as a batch line; the consumer acknowledges only after the step
 returned. A step that raises is not acknowledged; what it raised is recorded.
+A run needs the start as ``start_7`` built it: on a used one it prints why
+and runs nothing.
 
-The checks compare money, effects and states with the audit's snapshot of the
+The check ties the run to the file: everything the file holds (messages,
+effect and ledger rows, journal) must be exactly what the run left. The
+checks compare money, effects and states with the audit's snapshot of the
 file, like exercises 1 to 6 (``queue_core.lab.exercises``), whose ``Verdict``
 they return.
 """
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +42,7 @@ from ..values import State
 from .broker import Broker, LogStep, open_broker
 from .broker_consumer import Consumer, inbox_step, prepare_db
 from .broker_play import EXPECTED, ORDERS
+from .exercise_setup import folder_refused, queue_refused
 from .exercise_verdicts import (Findings, NotAttempted, Stop, Verdict, bypassed, checked,
                                 compare, figures, path_of, plain, read, states)
 from .redis_server import NoRedis, private_redis
@@ -50,15 +55,16 @@ _LEDGER_FINDINGS = ("effect_without_done", "effect_written_twice")
 @dataclass(frozen=True)
 class TakeoverRun:
     """What ``run_takeover_7`` did: the file it ran on, the step's name, whether that
-    step is the answer key, the consumers' log, what the step raised, and the
-    file's figures right after the run (a later change shows against them)."""
+    step is the answer key, the consumers' log, what the step raised, and
+    everything the file held right after the run (``left``: its messages,
+    effect and ledger rows and journal, against which any later change shows)."""
 
     db: str
     step_name: str
     answer_key: bool
     steps: tuple[LogStep, ...]
     failures: tuple[str, ...]
-    figures: tuple[Any, ...]
+    left: Snapshot = field(repr=False)
     summary: str
 
     def delivered(self, event_id: str) -> list[tuple[str, int]]:
@@ -70,8 +76,10 @@ class TakeoverRun:
         return "\n".join([*(str(s) for s in self.steps), self.summary])
 
 
-def start_7(workdir: str | os.PathLike[str]) -> Queue:
+def start_7(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 7: a new, empty queue file (with the naive ledger) at t=1000."""
+    if folder_refused(workdir, 7):
+        return None
     path = Path(workdir) / "exercise_7.sqlite3"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
@@ -87,8 +95,9 @@ def run_takeover_7(queue: Any, step: Any) -> TakeoverRun | None:
     if not callable(step):
         print(f"Cannot run: the step must be a function (queue, line), found {plain(step)}")
         return None
-    if not isinstance(queue, Queue):
-        print("Cannot run: pass the queue that start_7(workdir) returned")
+    refused = queue_refused(queue, 7) or _used(queue)
+    if refused:
+        print(f"Cannot run: {refused}")
         return None
     try:
         with private_redis() as url:
@@ -98,6 +107,16 @@ def run_takeover_7(queue: Any, step: Any) -> TakeoverRun | None:
         return None
     print(run)
     return run
+
+
+def _used(queue: Queue) -> str | None:
+    """Why ``queue`` is no fresh start any more (None: it is as start_7 built it).
+    A second run on a used start would meet the first run's rows, not the story."""
+    world = snapshot(queue.path)
+    if not (world.messages or world.effect_rows or world.journal):
+        return None
+    return (f"q7 was already used by a run ({_summary(queue, world)}): run "
+            "`q7 = exercises.start_7(workdir)` again first, then run_takeover_7 once")
 
 
 def _takeover(url: str, queue: Queue, step: Callable[[Queue, str], Any]) -> TakeoverRun:
@@ -129,7 +148,7 @@ def _takeover(url: str, queue: Queue, step: Callable[[Queue, str], Any]) -> Take
         broker.drop()
     world = snapshot(queue.path)
     return TakeoverRun(os.path.abspath(queue.path), getattr(step, "__name__", type(step).__name__),
-                       _is_answer_key(step), steps, tuple(failures), fingerprint(world),
+                       _is_answer_key(step), steps, tuple(failures), world,
                        _summary(queue, world))
 
 
@@ -159,9 +178,25 @@ def _is_answer_key(step: Any) -> bool:
                is ANSWER_KEY for n in code.co_names)
 
 
-def fingerprint(world: Snapshot) -> tuple[Any, ...]:
-    return (len(world.journal), len(world.messages), len(world.effect_rows), world.money,
-            world.status.total, tuple(sorted(world.status.states.items())))
+def changes(before: Snapshot, after: Snapshot) -> list[str]:
+    """What differs between two snapshots of one file: each changed message with
+    its changed columns, the effect and ledger rows, the journal."""
+    said = []
+    for event_id in sorted(set(before.messages) | set(after.messages)):
+        old, new = before.messages.get(event_id), after.messages.get(event_id)
+        if old is None or new is None:
+            said.append(f"{event_id} {'added' if old is None else 'removed'}")
+        elif old != new:
+            columns = [f.name for f in fields(old) if getattr(old, f.name) != getattr(new, f.name)]
+            said.append(f"{event_id}'s {', '.join(columns)}")
+    for table in sorted({row.table for row in (*before.effect_rows, *after.effect_rows)}):
+        rows = [[r for r in world.effect_rows if r.table == table] for world in (before, after)]
+        if rows[0] != rows[1]:
+            said.append(f"the rows of {table} ({len(rows[0])} after the run, {len(rows[1])} now)")
+    if before.journal != after.journal:
+        said.append(f"the journal ({len(before.journal)} rows after the run, "
+                    f"{len(after.journal)} now)")
+    return said
 
 
 def _summary(queue: Queue, world: Snapshot) -> str:
@@ -173,6 +208,11 @@ def _summary(queue: Queue, world: Snapshot) -> str:
 # -- the check ----------------------------------------------------------------------------
 
 _AGAIN = "run `q7 = exercises.start_7(workdir)` again, then `run_takeover_7` once"
+_NAIVE_LEDGER = ("amounts no stored message accounts for, and a ledger cannot tell a repeat "
+                 "from a new order")
+_OWN_LEDGER = ("no stored message accounts for that money, so the audit cannot judge it (which "
+               "event was accepted, and which worker's ACK wrote its effect), and it is not the "
+               "inbox the exercise asks for: the queue's messages table")
 
 
 def check_7(queue: Any, inbox_run: Any = None) -> Verdict:
@@ -187,8 +227,10 @@ def _judge(queue: Any, run: Any) -> Verdict:
         if not world.journal and not world.effect_rows:
             raise NotAttempted("write your inbox step, then run the takeover with it "
                                "(run_takeover_7)")
-        raise Stop("your run: expected what run_takeover_7 returned, found None",
-                   "keep what `run_takeover_7(q7, inbox_step)` returns and pass it here")
+        raise Stop("your run: expected what run_takeover_7 returned, found None (it returns "
+                   "None when it cannot run, on a used start for one)",
+                   "run `q7 = exercises.start_7(workdir)` again, keep what "
+                   "`run_takeover_7(q7, inbox_step)` returns and pass it here")
     if not isinstance(run, TakeoverRun):
         raise Stop(f"your run: expected what run_takeover_7 returned, found {plain(run)}",
                    "keep what `run_takeover_7(q7, inbox_step)` returns and pass it here")
@@ -207,9 +249,12 @@ def _story(run: TakeoverRun, queue: Any, world: Snapshot) -> None:
     """Stop at what is wrong with the run itself: another file, a later change, a raising step."""
     if os.path.abspath(path_of(queue)) != run.db:
         raise Stop("your run was made on another queue file than the one you passed",
-                   "run start_7, then run_takeover_7 on that queue, and pass the same queue here")
-    if fingerprint(world) != run.figures:
-        raise Stop("the file changed after your run (a change made around the protocol)", _AGAIN)
+                   "run `q7 = exercises.start_7(workdir)`, then run_takeover_7 on that q7, and "
+                   "pass the same q7 here")
+    changed = changes(run.left, world)
+    if changed:
+        raise Stop(f"the file changed after your run: {'; '.join(changed)[:300]} (a change made "
+                   "around the protocol, with SQL of your own)", _AGAIN)
     if run.failures:
         raise Stop(f"your step raised {'; '.join(run.failures)[:300]}: a step that raises is "
                    "not acknowledged", "fix the step so that it returns, then " + _AGAIN)
@@ -226,10 +271,11 @@ def _figures(world: Snapshot, found: Findings) -> None:
     if ledger:
         counted = Counter(row.event_id for row in ledger)
         rows = ", ".join(f"{e} {n}x" for e, n in sorted(counted.items()))
-        found.add(f"the naive ledger holds {sum(r.amount_cents for r in ledger)} ({rows}): "
-                  "amounts no stored message accounts for, and a ledger cannot tell a repeat "
-                  "from a new order", "hand each event to the queue (its messages table is "
-                  "the inbox: `queue.enqueue_jsonl(line)`), then " + _AGAIN, first=True)
+        why = (_NAIVE_LEDGER if max(counted.values()) > 1 else "your step counted each order "
+               "once, but in a ledger of its own: " + _OWN_LEDGER)
+        found.add(f"the naive ledger holds {sum(r.amount_cents for r in ledger)} ({rows}): {why}",
+                  "hand each event to the queue (its messages table is the inbox: "
+                  "`queue.enqueue_jsonl(line)`), then " + _AGAIN, first=True)
     waiting = sorted(e for e, m in world.messages.items() if m.state == State.READY)
     if waiting:
         found.add(f"{', '.join(waiting)} {'is' if len(waiting) == 1 else 'are'} stored but "

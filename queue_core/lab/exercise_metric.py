@@ -6,18 +6,19 @@ Accepted: a function ``db_path -> mapping`` whose result is any mapping
 (``dict``, ``OrderedDict``, ``Counter``, ...) of event ids (``str``) to
 attempts (``int``, not ``bool`` or ``float``), ``{}`` when nothing is dead,
 in any order. Refused, each with what to change: a list of pairs, a pandas
-Series, ``None``; a function that raises, that changes the database it
-measures, or that calls into ``queue_core`` at all. The last one is how the
-check knows how an answer was reached: the exercise asks for SQL of your own,
-and ``Queue.metrics()`` (or ``audit.read_metrics``) is the very key the
-answer is compared with. The calls are watched with ``sys.setprofile`` while
-the learner's function runs; nothing is replaced.
+Series, ``None``; a function that raises; one that writes to the database it
+measures (a statement that would write, even one that changes no value, or
+a commit by any connection: ``PRAGMA data_version``); and one that reaches
+the answer key another way than SQL of its own: a call into ``queue_core``
+at all (``Queue.metrics()`` and ``audit.read_metrics`` are the very key the
+answer is compared with), or ``queue_core`` run in a child process (the
+CLI's ``metrics``). ``exercise_watch`` says how the function is watched
+while it runs; nothing is replaced.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import sqlite3
 import tempfile
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -26,11 +27,13 @@ from ..audit import Snapshot, snapshot
 from ..queue import Queue
 from .exercise_setup import fresh, malformed_cases, reference_cases, silent_and_transient
 from .exercise_verdicts import NOT_QUITE, SOLVED, NotAttempted, Verdict, checked, plain
+from .exercise_watch import Watched, watched
 
 __all__ = ["check_5"]
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # queue_core/
 _ANSWER_KEY = ("metrics", "read_metrics")  # Queue.metrics(), audit.read_metrics()
+_ONLY_READ = ("only read: `sqlite3.connect` and a SELECT; no CREATE, INSERT, UPDATE or DELETE, "
+              "no claim")
 _OWN_SQL = ("write your own SELECT on the messages table with `sqlite3.connect(db_path)` "
             "(Hint 1), without queue_core")
 _ROWS = ("look at that case's rows (`SELECT event_id, state, attempts, generation, last_error "
@@ -67,51 +70,53 @@ def _trial(fn: Callable[[str], Any], queue: Queue, case: str) -> list[Problem]:
     """Run the learner's metric on one prepared database: what is wrong, if anything."""
     expected = dict(queue.metrics().dead_attempts)   # the answer key, read before the run
     before = snapshot(queue.path)
-    found, error, entered = _watched(fn, queue.path)
+    witness = sqlite3.connect(queue.path)  # held open: sees any commit by another connection
+    try:
+        version = _data_version(witness)
+        seen = watched(fn, queue.path)
+        committed = _data_version(witness) != version
+    finally:
+        witness.close()
     where = f"on '{case}'"
-    problems: list[Problem] = []
-    if error is not None:
-        problems.append((f"{where} your function raised {plain(error)}",
+    problems = _answer_key(seen)   # first: how the answer was reached, whatever came of it
+    if seen.error is not None:
+        problems.append((f"{where} your function raised {plain(seen.error)}",
                          "run it on q5.path in a cell of its own to see where it fails"))
-    if snapshot(queue.path) != before:
+    if seen.writes:
+        problems.append((f"{where} your function writes to the database it measures "
+                         f"({', '.join(seen.writes)}): a metric only reads, even a write that "
+                         "changes no value", _ONLY_READ))
+    elif committed or snapshot(queue.path) != before:
         problems.append((f"{where} your function changed the database it measures (a "
-                         "metric only reads)",
-                         "only read: `sqlite3.connect` and a SELECT, no claim, no UPDATE"))
-    if entered:
-        calls = ", ".join(dict.fromkeys(_call_name(name) for name in entered))
-        key = [n for n in entered if n.rsplit(".", 1)[-1] in _ANSWER_KEY]
-        said = (f": {_call_name(key[0])} is the answer key your result is compared with" if key
-                else " instead of reading with SQL of its own")
-        problems.append((f"your function calls into queue_core ({calls}){said}", _OWN_SQL))
-    if error is None and not problems:
-        problems += _result_problems(where, found, expected, before)
+                         "metric only reads)", _ONLY_READ))
+    if not problems:
+        problems += _result_problems(where, seen.result, expected, before)
     return problems
 
 
-def _watched(fn: Callable[[str], Any], path: str) -> tuple[Any, BaseException | None, list[str]]:
-    """Call ``fn(path)``; return its result, what it raised, and the queue_core
-    functions it entered from outside the package (in the order first entered)."""
-    entered: list[str] = []
+def _data_version(conn: sqlite3.Connection) -> int:
+    """SQLite's count of commits by other connections, as this one has seen them."""
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event != "call" or not frame.f_code.co_filename.startswith(_PACKAGE):
-            return
-        caller = frame.f_back
-        name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-        last = name.rsplit(".", 1)[-1]
-        public = last == "__init__" or not last.startswith(("_", "<"))
-        if (caller is None or not caller.f_code.co_filename.startswith(_PACKAGE)) \
-                and public and name not in entered:   # not a context manager's own resume
-            entered.append(name)
 
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        return fn(path), None, entered
-    except (Exception, SystemExit) as exc:  # the learner's function may fail in any way
-        return None, exc, entered
-    finally:
-        sys.setprofile(previous)
+def _answer_key(seen: Watched) -> list[Problem]:
+    """The answer key reached another way than SQL of one's own: a call into
+    queue_core, or queue_core run in a child process (its command line)."""
+    problems: list[Problem] = []
+    if seen.entered:
+        calls = ", ".join(dict.fromkeys(_call_name(name) for name in seen.entered))
+        key = [n for n in seen.entered if n.rsplit(".", 1)[-1] in _ANSWER_KEY]
+        said = (f": {_call_name(key[0])} is the answer key your result is compared with" if key
+                else " instead of reading with SQL of its own")
+        problems.append((f"your function calls into queue_core ({calls}){said}", _OWN_SQL))
+    for run, shown in seen.children:
+        if "queue_core" in run or "queue-core" in run:
+            said = (": its metrics command is the answer key your result is compared with"
+                    if "metrics" in run else " instead of reading with SQL of its own")
+            problems.append((f"your function runs queue_core in a child process (`{shown}`)"
+                             f"{said}", _OWN_SQL))
+            break
+    return problems
 
 
 def _call_name(qualname: str) -> str:

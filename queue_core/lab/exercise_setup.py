@@ -48,6 +48,44 @@ def fresh(workdir: str | os.PathLike[str], name: str) -> Queue:
     return Queue(path, clock=ModelClock(START), lease_seconds=LEASE_SECONDS)
 
 
+def folder_refused(workdir: Any, number: int) -> bool:
+    """Print why ``workdir`` is no folder to start exercise ``number`` in, and what
+    to run; False (and nothing printed) when it is one.
+
+    Notebook 09's last cell removes its folder (``scratch.cleanup()``): a
+    start run after it says to run the first code cell again, instead of
+    SQLite's "unable to open database file". No folder is made here: a
+    path mistyped is refused, not created.
+    """
+    start = f"`q{number} = exercises.start_{number}(workdir)`"
+    if not isinstance(workdir, (str, os.PathLike)):
+        why = f"pass the work folder, {start}, found {_kind(workdir)}"
+    elif not Path(workdir).exists():
+        why = ("its work folder does not exist (any more: `scratch.cleanup()` removes it). "
+               f"Run the notebook's first code cell again (it makes a new workdir), then {start}")
+    elif not Path(workdir).is_dir():
+        why = f"the work folder given is a file, not a folder: pass workdir, {start}"
+    else:
+        return False
+    print(f"Cannot start exercise {number}: {why}")
+    return True
+
+
+def _kind(value: Any) -> str:
+    return f"a value of type {type(value).__name__}"
+
+
+def queue_refused(queue: Any, number: int) -> str | None:
+    """Why ``queue`` is no queue of exercise ``number`` to run on (None: it is one)."""
+    start = f"`q{number} = exercises.start_{number}(workdir)`"
+    if not isinstance(queue, Queue):
+        return f"pass the queue that {start} returned, found {_kind(queue)}"
+    if not Path(queue.path).is_file():
+        return (f"q{number}'s file does not exist any more (`scratch.cleanup()` removes the "
+                f"work folder): run the notebook's first code cell again, then {start}")
+    return None
+
+
 def reference_final(queue: Queue) -> Queue:
     """Play the reference scenario up to its final state: total 17000, E0004 dead."""
     handler = Handler()
@@ -95,45 +133,51 @@ def _load_reference(queue: Queue) -> Queue:
     return queue
 
 
-def start_1(workdir: str | os.PathLike[str]) -> Queue:
+def start_1(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 1: the reference scenario's final state (total 17000, E0004 dead), t=1002."""
-    return _copy_of_reference(workdir, "exercise_1")
+    return None if folder_refused(workdir, 1) else _copy_of_reference(workdir, "exercise_1")
 
 
-def start_2(workdir: str | os.PathLike[str]) -> Queue:
+def start_2(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 2: the reference scenario's final state, t=1002."""
-    return _copy_of_reference(workdir, "exercise_2")
+    return None if folder_refused(workdir, 2) else _copy_of_reference(workdir, "exercise_2")
 
 
-def start_3(workdir: str | os.PathLike[str]) -> Queue:
+def start_3(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 3: the reference scenario's final state, E0004 (toy) dead, t=1002."""
-    return _copy_of_reference(workdir, "exercise_3")
+    return None if folder_refused(workdir, 3) else _copy_of_reference(workdir, "exercise_3")
 
 
-def start_4(workdir: str | os.PathLike[str]) -> Queue:
+def start_4(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 4: E0004 (toy 3000) ready at t=1000, lease 2 s."""
+    if folder_refused(workdir, 4):
+        return None
     queue = fresh(workdir, "exercise_4")
     queue.enqueue_jsonl(E0004_LINE)
     return queue
 
 
-def start_5(workdir: str | os.PathLike[str]) -> Queue:
+def start_5(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 5: a message dead after three transient failures, one dead after
     three silent lease expiries (real crashed processes), one done."""
+    if folder_refused(workdir, 5):
+        return None
     queue = fresh(workdir, "exercise_5")
     for _ in silent_and_transient(queue):
         pass
     return queue
 
 
-def start_6(workdir: str | os.PathLike[str]) -> Queue:
+def start_6(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 6: E0003 (book 5000) ready at t=1000, lease 2 s."""
+    if folder_refused(workdir, 6):
+        return None
     queue = fresh(workdir, "exercise_6")
     queue.enqueue_jsonl(E0003_LINE)
     return queue
 
 
-STARTS: dict[int, Callable[[str | os.PathLike[str]], Queue]] = {
+STARTS: dict[int, Callable[[str | os.PathLike[str]], Queue | None]] = {
     1: start_1, 2: start_2, 3: start_3, 4: start_4, 6: start_6}
 
 
@@ -263,7 +307,7 @@ def explain_sql_error(error: str) -> tuple[str, str]:
     return error, "fix that step, then run the start cell and the worker cell again"
 
 
-def run_naive_worker(queue: Queue, steps: Any, *, crash_after: int = 1) -> NaiveRun | None:
+def run_naive_worker(queue: Any, steps: Any, *, crash_after: int = 1) -> NaiveRun | None:
     """Claim one message in a separate OS process, run each SQL step in its own
     committed transaction, and die by ``os._exit`` after step ``crash_after``.
 
@@ -277,6 +321,10 @@ def run_naive_worker(queue: Queue, steps: Any, *, crash_after: int = 1) -> Naive
         return None
     if not isinstance(steps, (list, tuple)) or not all(isinstance(s, str) for s in steps):
         print(f"Cannot run: steps must be a list of SQL strings, found {type(steps).__name__}")
+        return None
+    refused = queue_refused(queue, 6)
+    if refused:
+        print(f"Cannot run: {refused}")
         return None
     run = run_naive_quietly(queue, tuple(steps), crash_after)
     print(run)

@@ -26,6 +26,8 @@ from .exercise_setup import STARTS
 SOLVED, NOT_QUITE, NOT_ATTEMPTED = "solved", "not_quite", "not_attempted"
 _PREFIX = {SOLVED: "Solved", NOT_QUITE: "Not quite", NOT_ATTEMPTED: "Not attempted yet"}
 _PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\"]*[\\/][^\s'\"]*")
+_ENGINE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # queue_core/
+_START_FILE = re.compile(r"exercise_(\d+)\.sqlite3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +128,24 @@ def path_of(target: Any) -> Any:
 
 
 def read(target: Any, number: int) -> Snapshot:
-    """Read a queue's stored facts at one moment, read-only (``target``: Queue or path)."""
+    """Read a queue's stored facts at one moment, read-only (``target``: Queue or path).
+
+    Stops at a queue whose file is gone (its folder removed) and at one
+    that another exercise's start built (``start_N`` names its file
+    ``exercise_N.sqlite3``): checking it would compare another story."""
     path = path_of(target)
+    start = f"`q{number} = exercises.start_{number}(workdir)`"
+    if isinstance(target, Queue) and not os.path.isfile(path):
+        raise Stop(f"q{number}'s file does not exist any more (`scratch.cleanup()` removes the "
+                   "work folder)", f"run the notebook's first code cell again, then {start} "
+                   "and your cells")
     if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
-        raise NotAttempted(f"pass the queue your `q{number} = exercises.start_{number}(workdir)` "
-                           "cell returned")
+        raise NotAttempted(f"pass the queue your {start} cell returned")
+    other = exercise_of(path)
+    if other is not None and other != number:
+        raise Stop(f"that is exercise {other}'s queue (q{other}, built by start_{other}), not "
+                   f"exercise {number}'s", f"pass q{number}, the queue {start} returned: "
+                   f"`exercises.check_{number}(q{number}, ...)`")
     again = f"pass q{number}, the queue `exercises.start_{number}(workdir)` returned"
     try:
         kind = inspect(path)
@@ -141,19 +156,37 @@ def read(target: Any, number: int) -> Snapshot:
     return snapshot(path)
 
 
+def whose(path: str, number: int) -> str:
+    """Which queue the file ``path`` is, said to a learner of exercise ``number``."""
+    other = exercise_of(path)
+    if other is None:
+        return "a queue file of no exercise's start"
+    if other == number:
+        return f"exercise {number}'s file in another folder (or one removed since)"
+    return f"exercise {other}'s queue (q{other})"
+
+
+def exercise_of(path: Any) -> int | None:
+    """The exercise whose start built the file ``path`` (``exercise_N.sqlite3``), if any."""
+    named = _START_FILE.fullmatch(os.path.basename(os.fspath(path)))
+    return int(named.group(1)) if named else None
+
+
 def _fingerprint(world: Snapshot) -> tuple[Any, ...]:
     return (len(world.journal), len(world.messages), len(world.effect_rows), world.status.total,
             tuple(sorted(world.status.states.items())))
 
 
 @lru_cache(maxsize=None)
-def _start_fingerprint(start: Callable[[str], Queue]) -> tuple[Any, ...]:
+def _start_fingerprint(start: Callable[[str], Queue | None]) -> tuple[Any, ...]:
     with tempfile.TemporaryDirectory(prefix="queue-exercise-") as workdir:
-        return _fingerprint(snapshot(start(workdir).path))
+        queue = start(workdir)
+        assert queue is not None  # a new temporary folder is always usable
+        return _fingerprint(snapshot(queue.path))
 
 
 def untouched(world: Snapshot, number: int,
-              start: Callable[[str], Queue] | None = None) -> bool:
+              start: Callable[[str], Queue | None] | None = None) -> bool:
     """The start as ``start_N`` built it (exercises 1 to 3 share one start); an
     exercise whose start is not in ``STARTS`` passes its own ``start``."""
     return _fingerprint(world) == _start_fingerprint(start or STARTS[1 if number <= 3 else number])
@@ -168,8 +201,11 @@ def figures(target: Any) -> str:
     return f"{money}; effects {status.effects}; {states}"
 
 
-def show(queue: Queue) -> None:
+def show(queue: Any) -> None:
     """Print the queue's figures (the clock's time first)."""
+    if not isinstance(queue, Queue) or not os.path.isfile(queue.path):
+        print("Nothing to show: no queue (the start cell above says why)")
+        return
     print(f"t={queue.clock.now()} {figures(queue)}")
 
 
@@ -206,14 +242,14 @@ def bypassed(world: Snapshot, found: Findings, ignore: Callable[[Any], bool] = l
                   "calls", first=True)
 
 
-def nudge(world: Snapshot, found: Findings) -> None:
-    """One item for messages still waiting for a worker (``ready``), if any."""
+def nudge(world: Snapshot, found: Findings, worker: str) -> None:
+    """One item for messages still waiting for a worker (``ready``), if any;
+    ``worker`` is the call that processes them in this exercise's notebook cells."""
     waiting = sorted(e for e, m in world.messages.items() if m.state == "ready")
     if waiting:
         one = len(waiting) == 1
         found.add(f"{', '.join(waiting)} {'is' if one else 'are'} ready: no worker has "
-                  f"processed {'it' if one else 'them'} yet",
-                  f"run a worker, e.g. `drain(q{found.number}, handler)`")
+                  f"processed {'it' if one else 'them'} yet", worker)
 
 
 def used_start(world: Snapshot, number: int, event_id: str,
@@ -225,20 +261,28 @@ def used_start(world: Snapshot, number: int, event_id: str,
                 f"run `start_{number}` again, then your cells once")
 
 
-def refusal(label: str, error: Any, code: str, found: Findings, *, keep: str,
+def refusal(label: str, error: Any, code: str, found: Findings, *, queue: Any, keep: str,
             other: str | None = None, event_id: str | None = None,
             line: int | None = None) -> bool:
     """Add what is wrong with a recorded refusal (an exception the learner kept).
 
     ``keep`` is the next step when none was kept (how the cell keeps it),
-    ``other`` when it is another refusal than the one asked for. True if
+    ``other`` when it is another refusal than the one asked for. The refusal
+    must have been raised by a call on ``queue`` (see ``raised_by``). True if
     nothing was wrong.
     """
+    mine = f"q{found.number}"
     if error is None:
         found.add(f"{label}: expected a {code} refusal, found none", keep)
     elif not isinstance(error, QueueError):
         found.add(f"{label}: expected a {code} refusal (the exception itself), found "
                   f"{plain(error)}", keep)
+    elif (origin := raised_by(error)) is None:
+        found.add(f"{label}: that {error.code} was not raised by a call on {mine} (an exception "
+                  "made or raised by your own code is not the queue's answer)", keep)
+    elif not same_file(origin, path_of(queue)):
+        found.add(f"{label}: that refusal was raised by {whose(origin, found.number)}, not by "
+                  f"{mine}", f"on {mine} itself: {keep}")
     elif error.code != code:
         found.add(f"{label}: code expected {code}, found {error.code}", other)
     elif event_id is not None and getattr(error, "event_id", event_id) != event_id:
@@ -249,3 +293,30 @@ def refusal(label: str, error: Any, code: str, found: Findings, *, keep: str,
     else:
         return True
     return False
+
+
+def raised_by(error: BaseException) -> str | None:
+    """The file of the ``Queue`` whose method raised ``error``, or None.
+
+    Read from the exception's own traceback: the first frame of a ``Queue``
+    method on the way to the ``raise`` holds that queue as ``self``. An
+    exception built by hand has no traceback, and one raised by the learner's
+    own code passes through no queue method, so neither names a queue; one
+    raised by another exercise's queue names that queue's file. Only a call
+    on the learner's queue can leave that queue in the traceback.
+    """
+    frame = error.__traceback__
+    while frame is not None:
+        owner = frame.tb_frame.f_locals.get("self")
+        if isinstance(owner, Queue) and frame.tb_frame.f_code.co_filename.startswith(_ENGINE):
+            return owner.path
+        frame = frame.tb_next
+    return None
+
+
+def same_file(first: Any, second: Any) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except (OSError, TypeError, ValueError):
+        return isinstance(first, str) and isinstance(second, (str, os.PathLike)) \
+            and os.path.abspath(first) == os.path.abspath(second)

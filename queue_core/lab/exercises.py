@@ -11,15 +11,18 @@ to do) or ``Not attempted yet: ...`` (where to begin), and returns a
 ``not_attempted``. It catches everything, a ``None`` placeholder included,
 and only reads the learner's database. Money, effect count and states are
 checked together, and so is how the answer was reached: a right total with
-a lost message, a hand edit, the answer key called, a lease or a run from
-another queue is not solved.
+a lost message, a hand edit, the answer key called (or run as a child
+process), a refusal, a lease or a run from another queue (or made by hand),
+or another exercise's queue is not solved.
 
 EXERCISES.md describes the exercises; notebook 09 runs them; the reference
 solutions are in ``notebooks/solutions``. ``start_N(workdir)`` builds its
-state on a fresh file in ``workdir`` (running it again starts over). This
-module only gathers the public names: the shared verdict helpers are in
-``exercise_verdicts``, the starts in ``exercise_setup``, and the checks in
-one module per theme. A new exercise lives in a module of its own and joins
+state on a fresh file ``exercise_N.sqlite3`` in ``workdir`` (running it
+again starts over); given a folder that no longer exists, it prints what to
+run and returns ``None``. This module only gathers the public names: the
+shared verdict helpers are in ``exercise_verdicts``, the starts in
+``exercise_setup``, how exercise 5 watches a learner's function in
+``exercise_watch``, and the checks in one module per theme. A new exercise lives in a module of its own and joins
 here with one import line and one line of ``__all__``.
 """
 
