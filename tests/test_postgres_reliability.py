@@ -13,7 +13,6 @@ import os
 import pwd
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Iterator

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import audit
 from ..values import Lease, State
-from .contrasts import PROTOCOLS
+from .contrasts import PROTOCOLS, Protocol
 from .plots import FIG_WIDTH, Mark
 from .schedule import DEFAULT, FINISH, IDLE, SMALL, SPLIT, Runner, Scenario, Step, World, held
 

@@ -1,0 +1,194 @@
+"""The ACK in its three forms: one lease, one lease and the next claim, a batch.
+
+Each writes the effect and marks the message ``done`` in ONE transaction,
+fenced by the lease: the payload is read from the database and checked
+(``transitions.check_fence``), the handler INSERTs the effect on the same
+connection, and the guarded UPDATE (``transitions.ACK``) re-checks the lease
+after the handler ran. ``Queue`` inherits these; the worker loop's
+``complete_and_claim`` also claims the next due message before the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import AbstractContextManager
+from typing import Any, Iterable, Sequence
+
+from .clock import Clock
+from .crashpoints import crash_point
+from .errors import IntegrityViolation, QueueError
+from .handler import Handler
+from .stores import Store
+from .transitions import ACK, FENCE_COLUMNS, FENCE_SELECT, check_fence, explain_miss
+from .values import Effect, Lease
+
+_CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
+# The crash points of the ACK's steps: the plain ACK's, and those of the ACK
+# that claims the next message in the same transaction.
+_COMPLETE = ("complete.after_insert", "complete.after_recheck")
+_HANDOFF = ("complete_and_claim.after_insert", "complete_and_claim.after_recheck")
+
+
+class QueueAcks:
+    """The ACK half of ``Queue``: what a lease's holder calls to finish its message."""
+
+    clock: Clock
+    store: Store
+
+    def transaction(self, *, relaxed: bool = False) -> AbstractContextManager[Any]:
+        raise NotImplementedError  # Queue's
+
+    def _claim(self, conn: Any, now: int, limit: int,
+               journal: list[tuple[Any, ...]]) -> Sequence[tuple[Any, ...]]:
+        raise NotImplementedError  # Queue's
+
+    def complete(self, lease: Lease, handler: Handler) -> Effect:
+        """Write the effect and the ACK in ONE transaction, fenced by the lease.
+
+        Checks state, generation and ``lease_until > now``; INSERTs the
+        effect computed from the payload read from the database; marks
+        ``done`` with an UPDATE guarded by the same three conditions, which
+        re-checks the lease after the handler ran; commits. Raises
+        ``LeaseLost`` (``stale_generation``, ``lease_expired``,
+        ``not_leased``) or ``InvalidPayload``; either way the whole
+        transaction, INSERT included, is rolled back.
+        """
+        _require_lease(lease)
+        with self.transaction() as conn:
+            crash_point("complete.after_begin")
+            journal: list[tuple[Any, ...]] = []
+            effect, _ = self._ack(conn, lease, self._fence_row(conn, lease), handler, journal,
+                                  _COMPLETE)
+            self.store.write_journal(conn, journal)
+            crash_point("complete.before_commit")
+        crash_point("complete.after_commit")
+        return effect
+
+    def complete_and_claim(self, lease: Lease, handler: Handler) -> tuple[Effect, Lease | None]:
+        """ACK ``lease`` as ``complete`` does and, in the SAME transaction, claim
+        the next due message; return the effect and the new lease (``None``
+        if nothing is due).
+
+        The worker loop's step (``drain``): one transaction, and one fsync,
+        per message. The claim inside it is an ordinary claim (expired leases
+        recovered first); it is durable with the ACK, since the two commit
+        together. If the ACK is refused (``LeaseLost``, ``InvalidPayload``, a
+        transient error), everything is rolled back and nothing is claimed.
+        A worker that dies after the commit holds a lease like any other:
+        it expires, and the next claim recovers it.
+        """
+        _require_lease(lease)
+        with self.transaction() as conn:
+            journal: list[tuple[Any, ...]] = []
+            effect, now = self._ack(conn, lease, self._fence_row(conn, lease), handler, journal,
+                                    _HANDOFF)
+            claimed = self._claim(conn, now, 1, journal)
+            self.store.write_journal(conn, journal)
+            crash_point("complete_and_claim.before_commit")
+        crash_point("complete_and_claim.after_commit")
+        following = _leases(claimed)
+        return effect, (following[0] if following else None)
+
+    def complete_batch(self, leases: Sequence[Lease],
+                       handler: Handler) -> list[Effect | QueueError]:
+        """ACK many leases in one transaction, each fenced on its own.
+
+        The stored rows of all leases are read with one SELECT. Each lease
+        then runs in a savepoint: one that fails its checks (or whose
+        payload is invalid) is rolled back alone and reported as its error,
+        in input order; the others commit together.
+        """
+        for lease in leases:
+            _require_lease(lease)
+        results: list[Effect | QueueError] = []
+        journal: list[tuple[Any, ...]] = []
+        with self.transaction() as conn:
+            crash_point("complete.after_begin")
+            stored = _by_event_id(conn, FENCE_COLUMNS, (lease.event_id for lease in leases))
+            seen: set[str] = set()
+            for lease in leases:
+                # A lease listed twice meets its own first ACK: read it again.
+                row = (self._fence_row(conn, lease) if lease.event_id in seen
+                       else stored.get(lease.event_id))
+                seen.add(lease.event_id)
+                conn.execute("SAVEPOINT ack")
+                try:
+                    results.append(self._ack(conn, lease, row, handler, journal, _COMPLETE)[0])
+                except QueueError as exc:  # a refused ACK added no journal row
+                    conn.execute("ROLLBACK TO ack")
+                    results.append(exc)
+                conn.execute("RELEASE ack")
+            # One journal statement per transaction: only the leases that
+            # passed their checks have a row here, and it commits with them.
+            self.store.write_journal(conn, journal)
+            crash_point("complete.before_commit")
+        crash_point("complete.after_commit")
+        return results
+
+    def _fence_row(self, conn: Any, lease: Lease) -> tuple[Any, ...] | None:
+        return conn.execute(FENCE_SELECT, (lease.event_id,)).fetchone()  # type: ignore[no-any-return]
+
+    def _ack(self, conn: Any, lease: Lease, row: tuple[Any, ...] | None, handler: Handler,
+             journal: list[tuple[Any, ...]], points: tuple[str, str]) -> tuple[Effect, int]:
+        """Fence with the stored ``row``, apply, then mark ``done`` with the
+        guarded UPDATE (``transitions.ACK``), which re-checks the lease after
+        the handler ran. Return the effect and the time of that check.
+        ``points`` names the crash points on the way."""
+        payload = check_fence(lease, row, self.clock.now())
+        try:
+            effect = handler.apply(conn, lease.event_id, json.loads(payload))
+        except self.store.integrity_errors as exc:
+            raise IntegrityViolation(f"{lease.event_id}: {exc}") from exc
+        crash_point(points[0])
+        # The handler may have outlived the lease: the same three conditions
+        # again, now as the guard of the UPDATE that marks it done. On
+        # PostgreSQL (READ COMMITTED, no write lock held) that is enough: a
+        # row changed by a transaction that committed since the fence read is
+        # re-read and the WHERE re-evaluated on its newest version before the
+        # write (EvalPlanQual), and a transaction still changing it makes this
+        # UPDATE wait for its end; so a claim, recovery or redrive that beat
+        # this ACK leaves 0 rows matched, and the INSERT rolls back with it.
+        now = self.clock.now()
+        if not self.store.transition(conn, ACK, (lease.event_id, lease.generation, now),
+                                     now, journal):
+            raise explain_miss(conn, lease, now)
+        crash_point(points[1])
+        return effect, now
+
+    def fence(self, conn: sqlite3.Connection, lease: Lease) -> str:
+        """Return the stored payload if ``lease`` still holds the message now.
+
+        Run inside ``transaction()``; raises ``LeaseLost`` (``stale_generation``,
+        ``not_leased``, ``lease_expired``) or ``UnknownEvent``. Not a step of
+        the protocol's own transitions (each guarded UPDATE is its own
+        check); a hook for subclasses: the course's broken contrasts use and
+        override it to show what each check buys.
+        """
+        return check_fence(lease, self._fence_row(conn, lease), self.clock.now())
+
+
+def _leases(rows: Iterable[tuple[Any, ...]]) -> list[Lease]:
+    """The leases of ``transitions.CLAIM``'s rows."""
+    return [Lease(row[0], row[3], row[4], row[6]) for row in rows]
+
+
+def _by_event_id(conn: sqlite3.Connection, columns: str,
+                 event_ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    """``columns`` of the stored messages among ``event_ids``: event id -> row."""
+    ids = sorted(set(event_ids))
+    rows: dict[str, tuple[Any, ...]] = {}
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start:start + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        rows.update((row[0], row[1:]) for row in conn.execute(
+            f"SELECT event_id, {columns} FROM messages WHERE event_id IN ({marks})", chunk))
+    return rows
+
+
+def _require_lease(lease: Lease) -> None:
+    """A programmer error, refused before the database is touched."""
+    if not isinstance(lease, Lease):
+        raise TypeError(f"expected the Lease that claim() returned, got {type(lease).__name__}")
+
+
