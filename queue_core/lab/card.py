@@ -194,9 +194,11 @@ class Part:
 
 
 def parts() -> list[Part]:
-    """The card's tables; the calls are found in the package, never listed here."""
-    calls = public_calls()
-    reads = tuple(name for name in public_calls(QueueViews) if name in calls)
+    """The card's tables; the calls are found in the package, never listed here,
+    and shown in the order of their rows (the order a message meets them)."""
+    order = list(ROWS)  # the rows' own order; a call without a row comes last
+    calls = sorted(public_calls(), key=lambda name: order.index(name) if name in ROWS else len(order))
+    reads = tuple(name for name in calls if name in public_calls(QueueViews))
     writes = ("__init__", *(n for n in calls if n not in reads and n not in HOOKS))
     helpers = tuple(worker_helpers())
     return [
