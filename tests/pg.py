@@ -12,6 +12,9 @@ afterwards.
 
 from __future__ import annotations
 
+import os
+import pwd
+import subprocess
 from typing import Callable, ContextManager, Iterator
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -45,3 +48,19 @@ def with_lock_timeout(dsn: str, *, milliseconds: int) -> str:
     query = dict(parse_qsl(parts.query))
     query["options"] = f"{query.get('options', '')} -clock_timeout={milliseconds}".strip()
     return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+
+def restart(server_dsn: str) -> None:
+    """``pg_ctl restart -m fast``: every session is ended, the server starts again."""
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    import psycopg
+
+    with psycopg.connect(server_dsn) as conn:
+        data = conn.execute("SHOW data_directory").fetchone()[0]
+    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name  # pgserver runs it as its own user
+    # The new postmaster logs to a file: on a pipe of ours it would hold it open.
+    subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", data, "-l", f"{data}/restart.log",
+                    "-w", "-m", "fast", "restart"], check=True, timeout=60,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   user=None if owner == pwd.getpwuid(os.getuid()).pw_name else owner)

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
-import psycopg
 import pytest
 
 import pg
@@ -95,20 +93,6 @@ def own_dsn(own_server: str) -> Iterator[str]:
     yield from pg.fresh_schema(own_server)
 
 
-def restart(server_dsn: str) -> None:
-    """``pg_ctl restart -m fast``: every session is ended, the server starts again."""
-    from pgserver._commands import POSTGRES_BIN_PATH
-
-    with psycopg.connect(server_dsn) as conn:
-        data = conn.execute("SHOW data_directory").fetchone()[0]
-    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name  # pgserver runs it as its own user
-    # The new postmaster logs to a file: on a pipe of ours it would hold it open.
-    subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", data, "-l", f"{data}/restart.log",
-                    "-w", "-m", "fast", "restart"], check=True, timeout=60,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   user=None if owner == pwd.getpwuid(os.getuid()).pw_name else owner)
-
-
 def cli(*args: str, wait: bool = True) -> subprocess.Popen[str] | subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "queue_core", *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -134,7 +118,7 @@ def test_a_server_restart_under_work_stops_it_with_one_line_and_a_later_work_fin
                  wait=False)
     assert isinstance(worker, subprocess.Popen) and worker.stdout is not None
     first_lines = [worker.stdout.readline() for _ in range(50)]  # well into the run
-    restart(own_server)
+    pg.restart(own_server)
     rest, err = worker.communicate(timeout=60)
 
     assert worker.returncode == 1

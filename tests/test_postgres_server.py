@@ -3,14 +3,19 @@ what happens without one, and the fresh schema each run gets."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+from pathlib import Path
 
+import psycopg
 import pytest
 
 import pg
 from queue_core import ModelClock, Queue
 from queue_core.lab import fresh_schema, private_postgres
-from queue_core.lab.postgres_server import DSN_VARIABLE, NoPostgres, drop_schema, schema_of
+from queue_core.lab import postgres_server
+from queue_core.lab.postgres_server import (DSN_VARIABLE, NoPostgres, drop_schema, own_server,
+                                            schema_of)
 
 ONE_ORDER = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'
 
@@ -66,3 +71,39 @@ def test_each_fresh_schema_starts_empty_and_is_gone_after_it_is_dropped(pg_serve
         left = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname IN (%s, %s)",
                             (schema_of(first), schema_of(second))).fetchone()
     assert left == (0,)
+
+
+def test_a_private_server_is_stopped_before_its_folder_goes_even_if_pgserver_skips_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # pgserver stops only the postmaster it started and still finds running; one
+    # that pg_ctl restarted under work (test_postgres_reliability) can escape it and
+    # would outlive its folder. own_server stops whatever still runs there.
+    import pgserver
+
+    removed: list[tuple[str, bool]] = []
+    remove = shutil.rmtree
+    monkeypatch.setattr(postgres_server.shutil, "rmtree", lambda folder, **options: removed.append(
+        (str(folder), _postmaster_runs_on(Path(folder)))))
+    monkeypatch.setattr(pgserver.PostgresServer, "cleanup", lambda self: None)  # it skips
+    servers = pg.server_dsn(own_server)  # a skip, or a failure in CI, without a server
+    dsn = next(servers)
+    try:
+        with psycopg.connect(dsn) as conn:
+            data = Path(conn.execute("SHOW data_directory").fetchone()[0])
+        assert _postmaster_runs_on(data)
+    finally:
+        servers.close()  # stops the server and removes its folder
+        remove(data, ignore_errors=True)
+
+    assert removed == [(str(data), False)]
+
+
+def _postmaster_runs_on(folder: Path) -> bool:
+    """Whether the postmaster that ``folder``'s lock file names still runs (a zombie,
+    stopped and waiting for its reaper, does not)."""
+    try:
+        pid = int((folder / "postmaster.pid").read_text().split()[0])
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

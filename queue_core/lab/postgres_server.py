@@ -80,7 +80,28 @@ def own_server() -> Iterator[str]:
         yield server.get_uri()
     finally:
         server.cleanup()
+        _stop_what_is_left(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop_what_is_left(folder: str) -> None:
+    """Stop a postmaster that still runs on ``folder``, the data directory.
+
+    ``pgserver`` stops the server it started; a server restarted meanwhile
+    (``pg_ctl restart``, as a test of a restart under work does) has a new
+    postmaster that it does not know, which would outlive its folder.
+    """
+    import pwd
+    import subprocess
+
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    if not os.path.exists(os.path.join(folder, "postmaster.pid")):
+        return
+    owner = pwd.getpwuid(os.stat(folder).st_uid).pw_name  # pgserver may run it as its own user
+    subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", folder, "-w", "-m", "immediate",
+                    "stop"], timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   user=None if owner == pwd.getpwuid(os.getuid()).pw_name else owner)
 
 
 def with_schema(dsn: str, schema: str) -> str:
