@@ -309,8 +309,10 @@ def late(queue: Queue, lease: Lease, handler: Handler) -> Exception:
     return caught(lambda: queue.complete(lease, handler))
 
 
-def story(tmp: Path, pick: Callable[..., tuple[Any, Any]]) -> tuple[Any, ...]:
-    """Exercise 4's story as the solution plays it; ``pick`` chooses what to check."""
+def takeover(tmp: Path) -> tuple[Any, ...]:
+    """Exercise 4 up to W2's failure: W1 stalls, W2 takes E0004 over, W1's late
+    ACK is refused, W2 sends E0004 dead. Returns the queue, the handler, W1's
+    refused (lease, refusal) and W2's lease."""
     queue, handler = exercises.start_4(tmp), Handler()
     w1 = queue.claim()
     queue.clock.advance(2)  # type: ignore[attr-defined]
@@ -318,6 +320,13 @@ def story(tmp: Path, pick: Callable[..., tuple[Any, Any]]) -> tuple[Any, ...]:
     assert w1 is not None and w2 is not None
     before = (w1, late(queue, w1, handler))
     finish(queue, w2, handler)
+    return queue, handler, before, w2
+
+
+def story(tmp: Path, pick: Callable[..., tuple[Any, Any]]) -> tuple[Any, ...]:
+    """Exercise 4's story as the solution plays it; ``pick`` chooses what to check."""
+    queue, handler, before, w2 = takeover(tmp)
+    w1 = before[0]
     queue.redrive("E0004")
     newer = handler.supporting("toy")
     w3 = queue.claim()
@@ -353,13 +362,7 @@ def lease_of_exercise_3(tmp: Path) -> Lease:
 
 
 def hand_finished(tmp: Path) -> tuple[Any, ...]:
-    queue, handler = exercises.start_4(tmp), Handler()
-    w1 = queue.claim()
-    queue.clock.advance(2)  # type: ignore[attr-defined]
-    w2 = queue.claim()
-    assert w1 is not None and w2 is not None
-    before = (w1, late(queue, w1, handler))
-    finish(queue, w2, handler)
+    queue, _, before, _ = takeover(tmp)
     sql(queue.path, "UPDATE messages SET state = 'done', last_error = NULL",
         "INSERT INTO effects (event_id, category, amount_cents) VALUES ('E0004', 'toy', 3000)")
     return queue, before, before
