@@ -13,6 +13,9 @@ what differs from the SQLite file (``storage.SqliteStore``):
   there first; the caller sees the count and rolls back.
 - **The claim** locks its candidates with ``FOR NO KEY UPDATE SKIP LOCKED``:
   two workers never choose the same row, and neither waits for the other.
+  The candidates are read once, in an ``ARRAY(...)`` sub-select, so the
+  claim leases exactly the rows the read returned whatever plan the server
+  picks (``PostgresStore.picked``).
 - **Durability**: every commit waits for the server's WAL flush, claims
   included. On one host a lost claim dies with every worker that could
   hold it; here the server and the workers fail apart, so a claim the
@@ -246,17 +249,31 @@ class PostgresStore:
     name = "postgres"
     integrity_errors: tuple[type[BaseException], ...] = (psycopg.errors.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
-    # A read that picks rows for a write (the claim's candidates, the expired
-    # leases to recover) locks them, skipping any row another worker holds:
-    # two workers never pick the same row, and neither waits for the other.
-    # NO KEY UPDATE is the lock the UPDATE itself takes (the key is not
-    # changed): an ACK in flight holds only a KEY SHARE lock on its message
-    # (its effect row's foreign key), which this does not skip, so an expired
-    # lease is recovered even then; that ACK's guarded UPDATE then matches nothing.
-    lock = " FOR NO KEY UPDATE SKIP LOCKED"
-
     def __init__(self, dsn: str) -> None:
         self.target = dsn
+
+    @staticmethod
+    def picked(read: str) -> str:
+        """The rows ``read`` picks, locked and read exactly once.
+
+        A read that picks rows for a write (the claim's candidates, the
+        expired leases to recover) locks them, skipping any row another
+        worker holds: two workers never pick the same row, and neither waits
+        for the other. NO KEY UPDATE is the lock the UPDATE itself takes (the
+        key is not changed): an ACK in flight holds only a KEY SHARE lock on
+        its message (its effect row's foreign key), which this does not skip,
+        so an expired lease is recovered even then; that ACK's guarded UPDATE
+        then matches nothing.
+
+        The read runs once: an ``ARRAY(...)`` sub-select that refers to
+        nothing outside it is an init plan, evaluated once per execution
+        whatever the planner chooses. ``IN (<read>)`` makes no such promise:
+        with statistics that saw few ready rows the planner picks a nested
+        loop that re-runs the read for every row it compares, each run skips
+        the rows the runs before it locked, and one ``LIMIT 1`` claim leases
+        every ready message.
+        """
+        return f"= ANY(ARRAY({read} FOR NO KEY UPDATE SKIP LOCKED))"
 
     def describe(self) -> str:
         """Where the queue is, without the password."""

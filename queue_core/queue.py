@@ -36,7 +36,8 @@ from .errors import BatchConflict, NotRedrivable, UnknownEvent
 from .ingest import EVENT_ID, Batch, parse_batch, read_batch
 from .storage import SYNCHRONOUS_MODES
 from .stores import open_store
-from .transitions import CLAIM, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss, write_journal
+from .transitions import (CLAIM, DUE, EXPIRED, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss,
+                          picking, write_journal)
 from .values import EnqueueResult, Lease, Outcome, State
 from .acks import QueueAcks, _by_event_id, _leases, _require_lease
 from .views import QueueViews
@@ -88,9 +89,9 @@ class Queue(QueueAcks, QueueViews):
         # Only a FULL connection has an fsync to skip: at NORMAL every commit is relaxed.
         self.relaxed_claims = synchronous == "FULL" and not fsync_claims
         self._session: sqlite3.Connection | None = None
-        # The two statements whose candidate read locks what it picks (PostgreSQL).
-        self._claim_sql = CLAIM.format(lock=self.store.lock)
-        self._recover_sql = RECOVER.format(lock=self.store.lock)
+        # The two statements that change the rows a read picks (``transitions``).
+        self._claim_sql = picking(CLAIM, DUE, self.store.picked)
+        self._recover_sql = picking(RECOVER, EXPIRED, self.store.picked)
         self.store.prepare(create=create)
 
     def __repr__(self) -> str:

@@ -391,12 +391,15 @@ class SqliteStore:
     name = "sqlite"
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
-    # A read that picks rows for a write locks nothing more: under BEGIN
-    # IMMEDIATE the write lock already serialises every writer.
-    lock = ""
-
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.target = os.fspath(path)
+
+    @staticmethod
+    def picked(read: str) -> str:
+        """A read that picks rows for a write locks nothing more: under BEGIN
+        IMMEDIATE the write lock already serialises every writer, and SQLite
+        runs an uncorrelated ``IN (<read>)`` once, into a list."""
+        return f"IN ({read})"
 
     def describe(self) -> str:
         return os.path.basename(self.target)

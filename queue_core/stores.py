@@ -27,7 +27,11 @@ class Store(Protocol):
     target: str                                      # the path or the connection string
     integrity_errors: tuple[type[BaseException], ...]
     errors: tuple[type[BaseException], ...]
-    lock: str                                        # appended to a read that picks rows to write
+
+    def picked(self, read: str) -> str:
+        """What follows ``event_id`` in a write's WHERE to change exactly the
+        rows that ``read`` (a ``SELECT event_id ...``) picks, read once."""
+        ...
 
     def describe(self) -> str: ...
     def prepare(self, *, create: bool = True) -> None: ...

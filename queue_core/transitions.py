@@ -14,15 +14,23 @@ INSERT per transaction; PostgreSQL: in the same statement, through a
 data-modifying CTE). When a guarded UPDATE matches no row, the row is read
 once more, only to say why (``check_fence``).
 
-``{lock}`` in a text is where a read that picks rows for a write locks
-them: nothing on SQLite (``BEGIN IMMEDIATE`` already admits one writer),
-``FOR UPDATE SKIP LOCKED`` on PostgreSQL (a row another worker holds is not
-a candidate, and nobody waits for it).
+``event_id {picked}`` in a text is where a write names the rows that a
+read (``DUE``, ``EXPIRED``) picked for it; the store says how
+(``Store.picked``). On SQLite it is ``IN (<read>)``: ``BEGIN IMMEDIATE``
+already admits one writer. On PostgreSQL the read also locks what it picks,
+``FOR NO KEY UPDATE SKIP LOCKED`` (a row another worker holds is not a
+candidate, and nobody waits for it), and it must run exactly once: an
+``IN (<read>)`` may be re-run by the planner for every row it compares
+(a nested-loop semi join), and each run skips the rows the runs before it
+locked, so a ``LIMIT 1`` would lock, and the UPDATE lease, one row per run.
+There the read is an ``ARRAY(...)`` sub-select, which the server evaluates
+once per statement whatever plan it picks, and the write changes exactly
+the rows it returned.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .errors import LeaseLost, UnknownEvent
 from .values import Lease, State
@@ -38,23 +46,24 @@ DUE = ("SELECT event_id FROM messages WHERE state = 'ready' AND available_at <= 
        "ORDER BY available_at, event_id LIMIT ?")
 EXPIRED = "SELECT event_id FROM messages WHERE state = 'leased' AND lease_until <= ?"
 
-# ready -> leased: the due messages in (available_at, event_id) order, up to a limit.
-# Parameters: lease_until, now, limit. Also returns lease_until and available_at
+# ready -> leased: the due messages in (available_at, event_id) order, up to a limit
+# (``{picked}`` is the store's form of ``DUE``). Parameters: lease_until, now, limit. Also returns lease_until and available_at
 # (unchanged by the claim: it orders the leases, since RETURNING promises no order).
 CLAIM = ("UPDATE messages SET state = 'leased', attempts = attempts + 1, "
          "generation = generation + 1, lease_until = ? "
-         "WHERE state = 'ready' AND event_id IN (" + DUE + "{lock}) "
+         "WHERE state = 'ready' AND event_id {picked} "
          "RETURNING event_id, 'ready' AS from_state, 'leased' AS to_state, generation, "
          "attempts, 'claimed' AS reason, lease_until, available_at")
 
 # leased -> ready (budget left: available again from the old deadline on) or
-# leased -> dead (no attempt left), for every lease whose deadline has passed.
-# Parameters: max_attempts, max_attempts, now.
+# leased -> dead (no attempt left), for every lease whose deadline has passed
+# (``{picked}``: the store's form of ``EXPIRED``). Parameters: max_attempts,
+# max_attempts, now.
 RECOVER = ("UPDATE messages SET "
            "state = CASE WHEN attempts >= ? THEN 'dead' ELSE 'ready' END, "
            "available_at = CASE WHEN attempts >= ? THEN available_at ELSE lease_until END, "
            "lease_until = NULL, last_error = 'lease_expired' "
-           "WHERE state = 'leased' AND event_id IN (" + EXPIRED + "{lock}) "
+           "WHERE state = 'leased' AND event_id {picked} "
            "RETURNING event_id, 'leased' AS from_state, state AS to_state, generation, "
            "attempts, CASE WHEN state = 'dead' THEN 'attempts_exhausted' "
            "ELSE 'lease_expired' END AS reason")
@@ -97,6 +106,12 @@ REDRIVE = ("UPDATE messages SET state = 'ready', attempts = 0, available_at = ? 
 # after a guarded UPDATE that matched nothing (only to say why).
 FENCE_COLUMNS = "state, generation, lease_until, payload"
 FENCE_SELECT = f"SELECT {FENCE_COLUMNS} FROM messages WHERE event_id = ?"
+
+
+def picking(template: str, read: str, picked: Callable[[str], str]) -> str:
+    """``template`` (``CLAIM`` or ``RECOVER``) with its rows picked by ``read``
+    in the store's way (``Store.picked``)."""
+    return template.format(picked=picked(read))
 
 
 def check_fence(lease: Lease, row: tuple[Any, ...] | None, now: int) -> str:

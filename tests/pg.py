@@ -19,7 +19,7 @@ from typing import Callable, ContextManager, Iterator
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from queue_core.lab.postgres_server import (NoPostgres, drop_schema, fresh_schema as new_schema,
-                                            own_server, private_postgres)
+                                            own_server, private_postgres, schema_of)
 from servers import server_or_skip
 
 REQUIRED_VARIABLE = "QUEUE_CORE_PG_REQUIRED"

@@ -25,7 +25,7 @@ from queue_core import (Handler, LeaseLost, ModelClock, NotRedrivable, Queue, Un
 from queue_core.lab.child import open_gate, reap
 from pg import with_lock_timeout
 from queue_core.postgres import DatabaseClock, PostgresStore, _placeholders
-from queue_core.transitions import CLAIM, REDRIVE
+from queue_core.transitions import CLAIM, DUE, REDRIVE, picking
 
 pytestmark = pytest.mark.usefixtures("pg_dsn")
 
@@ -98,7 +98,7 @@ def test_the_protocols_claim_skips_a_row_another_claim_holds_instead_of_sharing_
     # the claim would wait for the other transaction, and this test would fail.
     queue = Queue(with_lock_timeout(pg_dsn, milliseconds=1000), clock=model_clock)
     queue.enqueue_jsonl(jsonl([("E0001", "book", 100), ("E0002", "pen", 200)]))
-    claim = _placeholders(CLAIM.format(lock=PostgresStore(pg_dsn).lock))
+    claim = _placeholders(picking(CLAIM, DUE, PostgresStore(pg_dsn).picked))
     with psycopg.connect(pg_dsn) as other:  # a claim that has chosen, not yet committed
         held = other.execute(claim, (1002, 1000, 1)).fetchone()
 

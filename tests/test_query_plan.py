@@ -21,9 +21,9 @@ import pytest
 
 from observe import expect, ledger
 from queue_core import Handler, ModelClock, Queue
-from queue_core.storage import PAGE_SIZE
+from queue_core.storage import PAGE_SIZE, SqliteStore
 from queue_core.transitions import (ACK, CLAIM, DUE, EXPIRED, EXTEND, FAIL, RECOVER, REDRIVE,
-                                    RELEASE)
+                                    RELEASE, picking)
 
 
 def batch(first: int, count: int) -> str:
@@ -97,7 +97,7 @@ def test_the_claim_walks_the_ready_index_in_order_without_a_scan_or_a_sort(
     if analyzed:  # statistics must not tempt the planner into a scan
         reader.execute("ANALYZE")
 
-    steps = plan(reader, CLAIM.format(lock=""), (1060, 1000, 100))
+    steps = plan(reader, picking(CLAIM, DUE, SqliteStore.picked), (1060, 1000, 100))
 
     assert steps == [BY_KEY, "LIST SUBQUERY 1",
                      "SEARCH messages USING INDEX messages_ready (available_at<?)"]
@@ -112,7 +112,7 @@ def test_the_expiry_scan_walks_only_the_leased_index(
     if analyzed:
         reader.execute("ANALYZE")
 
-    steps = plan(reader, RECOVER.format(lock=""), (3, 3, 1000))
+    steps = plan(reader, picking(RECOVER, EXPIRED, SqliteStore.picked), (3, 3, 1000))
 
     assert steps == [BY_KEY, "LIST SUBQUERY 1",
                      "SEARCH messages USING INDEX messages_leased (lease_until<?)"]
