@@ -66,13 +66,14 @@ if str(HERE) not in sys.path:  # the cases live next to this file
 import fsyncs  # noqa: E402
 from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noqa: E402
                          PgRawCommits, QueueSize, RawCommits, Schemas, Slice, Worker)
-from bench_report import evaluate, report, summarise  # noqa: E402
+from bench_report import evaluate, summarise  # noqa: E402
+from bench_text import report  # noqa: E402
 from fencing import late_acks  # noqa: E402
 from peer_safety import describe, probe_all  # noqa: E402
 from peers import PeerWorker, build_peer_cases, missing_peers  # noqa: E402
 
-from queue_core.lab.postgres_server import NoPostgres, private_postgres  # noqa: E402
-from queue_core.lab.slowdisk import (DELAY_US, NoShim, flush_calls, flush_latency,  # noqa: E402
+from queue_core.lab.servers.postgres_server import NoPostgres, private_postgres  # noqa: E402
+from queue_core.lab.speed.slowdisk import (DELAY_US, NoShim, flush_calls, flush_latency,  # noqa: E402
                                      shim_env)
 
 WORKER_COUNTS = (1, 2, 4)

@@ -1,4 +1,4 @@
-"""The figures of ``bench.py``: medians per case, the targets, and the printed report.
+"""The figures of ``bench.py``: medians per case and the targets (``bench_text`` prints them).
 
 Every ratio compares rates measured in the same run, each slice divided by
 the raw commits of its own store measured just before and just after it
@@ -176,18 +176,3 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"name": name, "compares": compares, "value": value, "bound": bound,
                      "at_least": at_least, "met": met, "against": against})
     return rows
-
-
-# -- the printed report -----------------------------------------------------------
-
-def report(results: dict[str, Any]) -> list[str]:
-    """The printed tables: each regime, the peers' safety, the targets."""
-    from bench_text import notes, regime_table, safety_lines, target_lines
-
-    lines = regime_table(results, "this machine's flush")
-    slow = results.get("slow")
-    if slow is not None:
-        lines += [""] + (regime_table(slow, "2 ms added to every flush (slow-disk shim)")
-                         if "rates" in slow else [f"slow-disk regime: skipped ({slow['skipped']})"])
-    lines += notes(results) + safety_lines(results) + target_lines(results)
-    return lines

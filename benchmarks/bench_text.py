@@ -158,3 +158,14 @@ def target_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"  {row['name']:<52}{value:>7}  {bound:<9} {verdict}")
         lines.append(f"    ({row['compares']}{against})")
     return lines
+
+
+def report(results: dict[str, Any]) -> list[str]:
+    """The printed tables: each regime, the peers' safety, the targets."""
+    lines = regime_table(results, "this machine's flush")
+    slow = results.get("slow")
+    if slow is not None:
+        lines += [""] + (regime_table(slow, "2 ms added to every flush (slow-disk shim)")
+                         if "rates" in slow else [f"slow-disk regime: skipped ({slow['skipped']})"])
+    lines += notes(results) + safety_lines(results) + target_lines(results)
+    return lines

@@ -32,7 +32,7 @@ def worker_main() -> None:
     where the shim is not loaded).
     """
     from queue_core import Handler, Queue
-    from queue_core.lab.slowdisk import flush_calls
+    from queue_core.lab.speed.slowdisk import flush_calls
 
     queues: dict[tuple[str, str], Queue] = {}
     sessions = ExitStack()  # one connection per queue for the whole run, as a worker keeps it

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from queue_core.lab.contrasts import PROTOCOLS  # noqa: E402
-from queue_core.lab.explore import DEFAULT, SMALL, explore, replay  # noqa: E402
+from queue_core.lab.story.contrasts import PROTOCOLS  # noqa: E402
+from queue_core.lab.sweeps.explore import DEFAULT, SMALL, explore, replay  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

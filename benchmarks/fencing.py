@@ -28,8 +28,8 @@ if str(HERE) not in sys.path:  # the adapters live next to this file
 from peer_base import Adapter, item_of  # noqa: E402
 from peers import ADAPTERS, OURS, installed_peers  # noqa: E402
 
-from queue_core.lab.pgcases import Schemas  # noqa: E402
-from queue_core.lab.postgres_server import private_postgres  # noqa: E402
+from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
+from queue_core.lab.servers.postgres_server import private_postgres  # noqa: E402
 
 STALL_S = 1.2  # longer than the one-second lease or heartbeat timeout
 

@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to u
 
 from bench_cases import payload_of  # noqa: E402
 
-from queue_core.lab.pgcases import Schemas  # noqa: E402
+from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
 
 SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 

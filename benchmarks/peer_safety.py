@@ -49,8 +49,8 @@ if str(HERE) not in sys.path:  # the adapters live next to this file
 
 from peers import ADAPTERS, OURS, installed_peers, item_of  # noqa: E402
 
-from queue_core.lab.pgcases import Schemas  # noqa: E402
-from queue_core.lab.postgres_server import private_postgres  # noqa: E402
+from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
+from queue_core.lab.servers.postgres_server import private_postgres  # noqa: E402
 
 CRASH_EXIT_CODE = 70
 GATE_TIMEOUT_S = 30.0

@@ -58,8 +58,8 @@ from bench_cases import ROOT, Case, CheckFailed, Slice, Worker  # noqa: E402
 from peer_base import Adapter, id_of, item_of  # noqa: E402
 from pgpeers import PG_PEERS  # noqa: E402
 
-from queue_core.lab.pgcases import Schemas  # noqa: E402
-from queue_core.lab.slowdisk import flush_calls  # noqa: E402
+from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
+from queue_core.lab.speed.slowdisk import flush_calls  # noqa: E402
 
 
 class PersistQueue(Adapter):

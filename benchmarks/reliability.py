@@ -43,12 +43,12 @@ for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from queue_core.lab.contrasts import PROTOCOLS  # noqa: E402
-from queue_core.lab.pgcases import Schemas  # noqa: E402
-from queue_core.lab.postgres_server import NoPostgres, private_postgres  # noqa: E402
-from queue_core.lab.powerloss import run_powerloss  # noqa: E402
-from queue_core.lab.stress import run_stress  # noqa: E402
-from queue_core.lab.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
+from queue_core.lab.story.contrasts import PROTOCOLS  # noqa: E402
+from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
+from queue_core.lab.servers.postgres_server import NoPostgres, private_postgres  # noqa: E402
+from queue_core.lab.sweeps.powerloss import run_powerloss  # noqa: E402
+from queue_core.lab.sweeps.stress import run_stress  # noqa: E402
+from queue_core.lab.sweeps.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
 
 CRASH_STEPS = tuple(step for step in STEPS if step not in SCHEDULES)
 

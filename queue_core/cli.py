@@ -161,7 +161,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from .lab.demo import run_demo  # the course's scenario, with a real crashing child
+        from .lab.story import run_demo  # the course's scenario, with a real crashing child
         run_demo(say=_say)
         return 0
     # A rejected batch must leave no trace, not even a new empty database file.

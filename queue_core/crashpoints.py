@@ -37,7 +37,7 @@ Crash points, in the order a message meets them:
 =======================================  ======================================
 
 ``complete.between_transactions`` is reached only by the deliberately broken
-protocols of ``queue_core.lab.contrasts``, which split the effect and the ACK
+protocols of ``queue_core.lab.story.contrasts``, which split the effect and the ACK
 into two transactions: the first has committed, the second has not begun.
 
 ``PROTOCOL_POINTS`` lists the protocol's own points in that order,

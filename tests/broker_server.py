@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, ContextManager, Iterator
 
-from queue_core.lab.redis_server import NoRedis, private_redis
+from queue_core.lab.servers.redis_server import NoRedis, private_redis
 from servers import server_or_skip
 
 REQUIRED_VARIABLE = "QUEUE_CORE_REDIS_REQUIRED"

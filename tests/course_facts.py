@@ -68,7 +68,7 @@ def heartbeat_extends_a_held_lease_and_refuses_a_lost_one() -> None:
 
 
 def power_loss_is_swept_by_a_test() -> None:
-    from queue_core.lab.powerloss import SCENARIOS, run_powerloss
+    from queue_core.lab.sweeps.powerloss import SCENARIOS, run_powerloss
     assert callable(run_powerloss) and SCENARIOS
     tests = (ROOT / "tests" / "test_powerloss.py").read_text(encoding="utf-8")
     assert re.search(r"^def test_\w+", tests, re.MULTILINE) and "run_powerloss" in tests
@@ -107,7 +107,7 @@ def a_stop_gives_back_what_was_claimed_ahead() -> None:
 
 
 def real_time_varies_in_some_notebooks() -> None:
-    from queue_core.lab import run_child
+    from queue_core.lab.story import run_child
     assert "work_ms" in inspect.signature(run_child).parameters  # 05's fifth race sleeps
     assert (ROOT / "notebooks" / "08_throughput.ipynb").exists()  # and 08 times the disk
 

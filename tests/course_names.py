@@ -4,7 +4,7 @@ A notebook suggests a call when its markdown writes one in code
 (`` `plot_sequence(journal, ...)` ``) or a comment or string of its code does.
 Such a name must be importable where the notebook says: imported (or
 defined) by the notebook itself, a method of an object the notebook holds,
-or written in full (``queue_core.lab.plot_sequence``). Names from outside
+or written in full (``queue_core.lab.plots.plot_sequence``). Names from outside
 the package (``os._exit``, SQL's ``count(*)``) are mentions, not suggestions.
 """
 
@@ -26,6 +26,9 @@ import queue_core
 from conftest import ROOT
 from course_text import BUILTINS, Passage, code_tree, passages
 
+# Where a chapter imports the lab from: each part's __init__ names what it offers.
+LAB_PARTS = tuple(f"queue_core.lab.{part}" for part in
+                  ("story", "plots", "sweeps", "speed", "broker", "servers", "exercises"))
 CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\(")
 
 
@@ -158,7 +161,7 @@ def problem(name: str, scope: Scope) -> str | None:
 
 def _import_path(name: str) -> str:
     module = package().names[name][0]
-    for public in ("queue_core", "queue_core.lab"):
+    for public in ("queue_core", *LAB_PARTS):
         if hasattr(importlib.import_module(public), name):
             return public
     return module

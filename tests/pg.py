@@ -18,7 +18,7 @@ import subprocess
 from typing import Callable, ContextManager, Iterator
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from queue_core.lab.postgres_server import (NoPostgres, drop_schema, fresh_schema as new_schema,
+from queue_core.lab.servers.postgres_server import (NoPostgres, drop_schema, fresh_schema as new_schema,
                                             own_server, private_postgres, schema_of)
 from servers import server_or_skip
 

@@ -15,8 +15,8 @@ import pytest
 from conftest import DATA
 from queue_core import Handler, ModelClock, Queue, drain
 from queue_core.audit import FINDINGS, check, findings, snapshot
-from queue_core.lab.child import collect, reap, run_child
-from queue_core.lab.scenario import DEMO_JSONL
+from queue_core.lab.story.child import collect, reap, run_child
+from queue_core.lab.story.scenario import DEMO_JSONL
 
 
 def played(db_path: Path) -> Queue:

@@ -21,7 +21,7 @@ from conftest import read_back, snapshot
 from observe import effects, expect, ledger
 from queue_core import (Effect, Handler, InvalidPayload, LeaseLost, ModelClock, Queue,
                         QueueError, drain)
-from queue_core.lab.child import ChildResult, run_child
+from queue_core.lab.story.child import ChildResult, run_child
 
 
 def jsonl(*events: tuple[str, Any, Any]) -> str:

@@ -21,7 +21,7 @@ import peer_safety  # noqa: E402
 from bench_cases import CheckFailed  # noqa: E402
 from peers import PG_PEERS, PeerCase, PeerWorker, item_of  # noqa: E402
 
-from queue_core.lab.pgcases import Schemas  # noqa: E402
+from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
 
 
 @pytest.fixture

@@ -23,10 +23,11 @@ import pytest
 
 import broker_server
 from conftest import ROOT, read_back
-from queue_core.lab import (FAILURES, BrokerRun, open_broker, outcomes, play, play_many,
-                            play_poison, private_redis, repeat_marks, run_consumer)
-from queue_core.lab.broker_consumer import prepare_db
-from queue_core.lab.redis_server import URL_VARIABLE, NoRedis, connect, own_redis
+from queue_core.lab.broker import (FAILURES, BrokerRun, open_broker, outcomes, play, play_many,
+                                   play_poison, repeat_marks, run_consumer)
+from queue_core.lab.servers import private_redis
+from queue_core.lab.broker.consumer import prepare_db
+from queue_core.lab.servers.redis_server import URL_VARIABLE, NoRedis, connect, own_redis
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 import broker_server
 from conftest import snapshot
 from queue_core import BatchRejected, parse_batch
-from queue_core.lab import Broker, open_broker
-from queue_core.lab.broker_consumer import (Consumer, inbox_step, naive_step, prepare_db,
+from queue_core.lab.broker import Broker, open_broker
+from queue_core.lab.broker.consumer import (Consumer, inbox_step, naive_step, prepare_db,
                                             read_event)
 
 GOOD = b'{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'

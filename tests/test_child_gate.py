@@ -8,9 +8,9 @@ import pytest
 
 from conftest import DATA
 from queue_core import Queue
-from queue_core.lab import child
-from queue_core.lab import consumer_turns, consumers_frame, transitions_frame
-from queue_core.lab.child import ChildResult, collect, open_gate, run_child
+from queue_core.lab.story import child
+from queue_core.lab.plots import consumer_turns, consumers_frame, transitions_frame
+from queue_core.lab.story.child import ChildResult, collect, open_gate, run_child
 
 
 def race(queue: Queue, gate: Path, *, work_ms: int = 0) -> list[ChildResult]:

@@ -4,7 +4,7 @@ fsync, read from the WAL as the power-loss sweep reads it."""
 
 from __future__ import annotations
 
-from queue_core.lab import commits
+from queue_core.lab.speed import commits
 
 
 def test_the_worker_loop_commits_once_per_message_where_claim_then_ack_commits_twice() -> None:

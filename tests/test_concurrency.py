@@ -15,7 +15,7 @@ from pathlib import Path
 from conftest import DATA, read_back
 from observe import effects, expect, ledger
 from queue_core import Queue
-from queue_core.lab.child import ChildResult, collect, run_child
+from queue_core.lab.story.child import ChildResult, collect, run_child
 
 BOOK = '{{"event_id": "{}", "payload": {{"category": "book", "amount_cents": {}}}}}\n'
 

@@ -30,7 +30,7 @@ from course_names import notebook_problems
 from course_text import DOCUMENTS, cells, notebook_paths, passages, printed, source
 from queue_core import Queue
 from queue_core.crashpoints import POINTS, PROTOCOL_POINTS
-from queue_core.lab import card
+from queue_core.lab.plots import card
 
 DOCS = [*notebook_paths(), *DOCUMENTS]
 DOC_IDS = [p.relative_to(ROOT).as_posix() for p in DOCS]

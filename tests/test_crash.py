@@ -13,7 +13,7 @@ from conftest import read_back
 from observe import expect, ledger, reasons, row
 from queue_core import CRASH_EXIT_CODE, Effect, Handler, ModelClock, Queue, drain, process_one
 from queue_core.audit import findings
-from queue_core.lab.child import ChildResult, run_child
+from queue_core.lab.story.child import ChildResult, run_child
 
 E0003 = '{"event_id": "E0003", "payload": {"category": "book", "amount_cents": 5000}}\n'
 

@@ -20,7 +20,7 @@ import broker_server
 from conftest import read_back
 from queue_core import Handler, Queue, drain
 from queue_core.lab import exercises
-from queue_core.lab.broker_consumer import inbox_step as answer_key
+from queue_core.lab.broker.consumer import inbox_step as answer_key
 from queue_core.lab.exercises import NOT_ATTEMPTED, NOT_QUITE, SOLVED, Verdict
 
 

@@ -14,10 +14,10 @@ import pytest
 
 from conftest import ROOT
 from queue_core import ModelClock, audit
-from queue_core.lab.contrasts import PROTOCOLS
-from queue_core.lab.explore import (DEFAULT, FINISH, SMALL, SPLIT, Scenario, Step, _runner,
+from queue_core.lab.story.contrasts import PROTOCOLS
+from queue_core.lab.sweeps.explore import (DEFAULT, FINISH, SMALL, SPLIT, Scenario, Step, _runner,
                                     explore, plot_state_space, replay)
-from queue_core.lab.schedule import HANDOFF
+from queue_core.lab.sweeps.schedule import HANDOFF
 
 BROKEN = [name for name, proto in PROTOCOLS.items() if proto.broken]
 NOTEBOOK_11 = ROOT / "notebooks" / "11_every_interleaving.ipynb"

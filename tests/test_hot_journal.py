@@ -26,7 +26,7 @@ from conftest import DATA
 from observe import expect, ledger
 from queue_core import Handler, ModelClock, Queue, drain
 from queue_core.audit import findings
-from queue_core.lab import run_child
+from queue_core.lab.story import run_child
 
 # A writer whose transaction outgrows its one-page cache, so SQLite syncs the
 # journal and writes changed pages into the file before COMMIT; then it dies.

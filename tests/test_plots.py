@@ -19,10 +19,10 @@ from matplotlib.text import Annotation
 
 from conftest import ROOT
 from queue_core import Effect, Handler, LeaseLost, ModelClock, Outcome, Queue
-from queue_core.lab.plots import (STATE_COLORS, Mark, arrow_counts, mark, metrics_frame,
+from queue_core.lab.plots.timeline import (STATE_COLORS, Mark, arrow_counts, mark, metrics_frame,
                                   plot_metrics, plot_state_machine, plot_timeline,
                                   transitions_frame)
-from queue_core.lab.plots_workers import (consumer_turns, consumers_frame, plot_consumers,
+from queue_core.lab.plots.workers import (consumer_turns, consumers_frame, plot_consumers,
                                           plot_sequence)
 
 TWO_ORDERS = "\n".join([
@@ -57,7 +57,7 @@ def stale_story(queue: Queue, model_clock: ModelClock, handler: Handler) -> tupl
 
 
 def test_importing_the_package_and_its_plots_loads_neither_pandas_nor_matplotlib() -> None:
-    probe = ("import sys, queue_core, queue_core.lab.plots; "
+    probe = ("import sys, queue_core, queue_core.lab.plots.timeline; "
              "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             cwd=ROOT, check=True)

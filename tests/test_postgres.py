@@ -19,10 +19,10 @@ import psycopg
 import pytest
 
 from conftest import ROOT
-from queue_core.lab.child import run_child
+from queue_core.lab.story.child import run_child
 from queue_core import (Handler, LeaseLost, ModelClock, NotRedrivable, Queue, UnusableFile,
                         audit)
-from queue_core.lab.child import open_gate, reap
+from queue_core.lab.story.child import open_gate, reap
 from pg import with_lock_timeout
 from queue_core.postgres import DatabaseClock, PostgresStore, _placeholders
 from queue_core.transitions import CLAIM, DUE, REDRIVE, picking

@@ -29,7 +29,7 @@ import pytest
 
 import pg
 from queue_core import Effect, Handler, ModelClock, Queue, audit
-from queue_core.lab.child import open_gate, reap, run_child
+from queue_core.lab.story.child import open_gate, reap, run_child
 from queue_core.worker import drain
 
 LEASE = 30

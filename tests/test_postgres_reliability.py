@@ -22,8 +22,8 @@ import pg
 from conftest import ROOT
 from queue_core import ModelClock, Queue, audit
 from queue_core.crashpoints import PROTOCOL_POINTS
-from queue_core.lab.stress import run_stress, stress_batch
-from queue_core.lab.sweep import EXPECTED_TOTAL, SCHEDULES, run_sweep
+from queue_core.lab.sweeps.stress import run_stress, stress_batch
+from queue_core.lab.sweeps.sweep import EXPECTED_TOTAL, SCHEDULES, run_sweep
 
 STRESS_WORKERS, STRESS_EVENTS = 4, 1000
 RESTART_EVENTS, LEASE = 3000, 30

@@ -12,9 +12,9 @@ import pytest
 
 import pg
 from queue_core import ModelClock, Queue
-from queue_core.lab import fresh_schema, private_postgres
-from queue_core.lab import postgres_server
-from queue_core.lab.postgres_server import (DSN_VARIABLE, NoPostgres, drop_schema, own_server,
+from queue_core.lab.servers import fresh_schema, private_postgres
+from queue_core.lab.servers import postgres_server
+from queue_core.lab.servers.postgres_server import (DSN_VARIABLE, NoPostgres, drop_schema, own_server,
                                             schema_of)
 
 ONE_ORDER = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'

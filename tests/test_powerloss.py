@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from queue_core.lab.powerloss import PowerLossReport, run_powerloss
-from queue_core.lab.wal import Frame, Prefix, prefixes, read_wal, wal_length
+from queue_core.lab.sweeps.powerloss import PowerLossReport, run_powerloss
+from queue_core.lab.sweeps.wal import Frame, Prefix, prefixes, read_wal, wal_length
 
 REFERENCE_KINDS = ["enqueue", "claim", "ACK", "claim", "fail", "claim", "claim", "fail", "claim",
                    "ACK", "claim", "ACK", "redrive", "claim", "fail", "redrive", "claim", "ACK"]
@@ -91,7 +91,7 @@ def test_the_picture_has_a_row_per_scenario_and_durability_and_the_sweep_loads_n
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from queue_core.lab.powerloss import plot_powerloss, powerloss_frame
+    from queue_core.lab.sweeps.powerloss import plot_powerloss, powerloss_frame
 
     fig = plot_powerloss(report)
     labels = [tick.get_text().split("\n")[0] for tick in fig.axes[0].get_yticklabels()]
@@ -99,7 +99,7 @@ def test_the_picture_has_a_row_per_scenario_and_durability_and_the_sweep_loads_n
     assert labels == ["reference demo", "reference demo", "two workers", "two workers"]
     assert len(powerloss_frame(report)) == len(report.rows) == 28 + 190 + 19 + 91
 
-    code = ("import sys, queue_core.lab.powerloss; "
+    code = ("import sys, queue_core.lab.sweeps.powerloss; "
             "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)

@@ -16,7 +16,7 @@ from conftest import ROOT
 ALLOWED = (
     "README.md", "EXERCISES.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore",
     ".ci/*",
-    "queue_core/*.py", "queue_core/lab/*.py", "queue_core/py.typed",
+    "queue_core/*.py", "queue_core/lab/*.py", "queue_core/lab/*/*.py", "queue_core/py.typed",
     "tests/*.py",
     "notebooks/**/*.ipynb", "notebooks/*.cfg",
     "data/*.jsonl",

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from queue_core import ModelClock, Queue
-from queue_core.lab.child import run_child
+from queue_core.lab.story.child import run_child
 from queue_core.crashpoints import POINTS, arm, armed
-from queue_core.lab.contrasts import PROTOCOLS, REAL
-from queue_core.lab.sweep import (BATCH, EXPECTED_TOTAL, LEASE_SECONDS, START, STEPS, SweepRow,
+from queue_core.lab.story.contrasts import PROTOCOLS, REAL
+from queue_core.lab.sweeps.sweep import (BATCH, EXPECTED_TOTAL, LEASE_SECONDS, START, STEPS, SweepRow,
                               audit, current_handler, plot_sweep, run_sweep, run_to_completion,
                               sweep_frame)
 
@@ -142,7 +142,7 @@ def test_the_sweep_table_and_picture_show_steps_down_protocols_across_and_a_lege
 
 
 def test_importing_the_sweep_does_not_import_pandas_or_matplotlib():
-    code = ("import sys, queue_core.lab.sweep, queue_core.lab.contrasts, queue_core.lab.stress; "
+    code = ("import sys, queue_core.lab.sweeps.sweep, queue_core.lab.story.contrasts, queue_core.lab.sweeps.stress; "
             "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

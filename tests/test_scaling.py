@@ -8,8 +8,9 @@ import psycopg
 import pytest
 
 from queue_core import audit
-from queue_core.lab import measure_scaling, play_scenario, plot_scaling, scaling_frame
-from queue_core.lab.scaling import (CommitCost, ScalingRow, busy_share, commit_cost, cpu_ticks,
+from queue_core.lab.speed import measure_scaling, plot_scaling, scaling_frame
+from queue_core.lab.story import play_scenario
+from queue_core.lab.speed.scaling import (CommitCost, ScalingRow, busy_share, commit_cost, cpu_ticks,
                                     describe_scaling, pg_round_trips)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from observe import effects, expect, ledger, reasons, row
 from queue_core import EnqueueResult
-from queue_core.lab.demo import DemoReport, run_scenario
+from queue_core.lab.story.demo import DemoReport, run_scenario
 
 
 def test_the_reference_scenario_reproduces_every_figure_of_the_course(tmp_path: Path) -> None:

@@ -87,10 +87,13 @@ def test_there_is_no_binder_folder_that_would_hide_environment_yml() -> None:
     assert (ROOT / "environment.yml").is_file()
 
 
-def test_pyproject_declares_the_package_explicitly_with_its_script_and_test_extra() -> None:
+def test_pyproject_declares_the_package_and_each_part_of_the_lab_with_its_script_and_test_extra() -> None:
     data = pyproject()
 
-    assert data["tool"]["setuptools"]["packages"] == ["queue_core", "queue_core.lab"]
+    on_disk = sorted(".".join(init.parent.relative_to(ROOT).parts)
+                     for init in (ROOT / "queue_core").rglob("__init__.py"))
+    assert sorted(data["tool"]["setuptools"]["packages"]) == on_disk  # each, or a wheel lacks it
+    assert on_disk[:2] == ["queue_core", "queue_core.lab"]
     assert data["project"]["scripts"] == {"queue-core": "queue_core.cli:main"}
     assert data["project"]["requires-python"] == ">=3.11"
     assert {requirement(spec)[0] for spec in data["project"]["optional-dependencies"]["test"]} >= \

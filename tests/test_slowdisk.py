@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from queue_core.lab import flushcurve, slowdisk
+from queue_core.lab.speed import flushcurve, slowdisk
 
 PROBE = """
 import json, os, sys, time
-from queue_core.lab.slowdisk import flush_calls
+from queue_core.lab.speed.slowdisk import flush_calls
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
 before, started = flush_calls(), time.perf_counter()
 for _ in range(5):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from queue_core import Handler, LeaseLost, ModelClock, Queue, audit
-from queue_core.lab.child import run_child
+from queue_core.lab.story.child import run_child
 
 REFERENCE = [("E0001", "book", 10000), ("E0001", "book", 10000), ("E0002", "pen", 2000),
              ("E0003", "book", 5000), ("E0004", "toy", 3000)]

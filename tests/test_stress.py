@@ -13,7 +13,7 @@ import sqlite3
 from collections import Counter
 from pathlib import Path
 
-from queue_core.lab.stress import audit, run_stress, stress_batch
+from queue_core.lab.sweeps.stress import audit, run_stress, stress_batch
 
 from conftest import read_back
 
