@@ -270,3 +270,20 @@ def test_exercise_7_start_again_starts_over(tmp_path: Path) -> None:
     again = exercises.start_7(tmp_path)
     assert again.path == queue.path and figures(again.path) == (0, 0, {}, 0)
     assert exercises.check_7(again, None).status == NOT_ATTEMPTED
+
+
+def test_exercise_7_a_solved_run_checked_after_the_naive_cell_rebuilt_q7_names_the_rebuild(
+        tmp_path: Path, capsys) -> None:
+    _, inbox_run = takeover(tmp_path, learners_inbox)  # the learner's inbox cell, solved
+    q7, _ = takeover(tmp_path, naive_step)  # then the naive cell again: start_7 rebuilds q7
+    assert figures(q7.path) == (0, 0, {}, 27000)
+
+    verdict = exercises.check_7(q7, inbox_run)
+
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: your run was made on an earlier start of q7's file: start_7 has built it "
+        "again since (the naive cell calls start_7 too), so the file holds what came after, not "
+        "your run. Next: run the cell with your inbox step again (it starts q7 over and runs the "
+        "takeover), then this check")
+    assert "SQL of your own" not in verdict.text

@@ -21,14 +21,15 @@ state on a fresh file ``exercise_N.sqlite3`` in ``workdir`` (running it
 again starts over); given a folder that no longer exists, it prints what to
 run and returns ``None``. This module only gathers the public names: the
 shared verdict helpers are in ``verdicts``, the starts in
-``setup``, how exercise 5 watches a learner's function in
+``setup``, the witness that ties a queue's contents to its start's calls in
+``provenance``, how exercise 5 watches a learner's function in
 ``watch``, and the checks in one module per theme. A new exercise lives in a module of its own and joins
 here with one import line and one line of ``__all__``.
 """
 
 from __future__ import annotations
 
-from .checks import WHY_WHOLE_BATCH, check_1, check_2, check_3
+from .checks import check_1, check_2, check_3
 from .crash import check_6
 from .fencing import check_4
 from .metric import check_5
@@ -39,7 +40,7 @@ from .verdicts import NOT_ATTEMPTED, NOT_QUITE, SOLVED, Verdict, figures, show
 __all__ = [
     "NOT_ATTEMPTED", "NOT_QUITE", "SOLVED", "Verdict", "figures", "show",
     "start_1", "check_1",
-    "start_2", "check_2", "WHY_WHOLE_BATCH",
+    "start_2", "check_2",
     "start_3", "check_3",
     "start_4", "check_4",
     "start_5", "check_5",

@@ -15,9 +15,11 @@ from .setup import E0001_PAYLOAD
 from .verdicts import (Findings, NotAttempted, Verdict, bypassed, checked, compare,
                                 figures, nudge, plain, refusal, read, states, untouched)
 
-__all__ = ["WHY_WHOLE_BATCH", "check_1", "check_2", "check_3"]
+__all__ = ["check_1", "check_2", "check_3"]
 
-WHY_WHOLE_BATCH = "b"  # the right choice in exercise 2 (EXERCISES.md explains it)
+# Exercise 2's right letter (EXERCISES.md explains it) is no public name: tab
+# completion must not offer the answer, nor a check accept it passed back.
+_WHY_WHOLE_BATCH = "b"
 _REFERENCE_EVENTS = {"E0001", "E0002", "E0003", "E0004"}
 _WORKER_1 = "`drain(q1, Handler())`"
 _WORKER_3 = ("`drain(q3, newer_handler)`, with `newer_handler = Handler().supporting(\"toy\")`: "
@@ -78,7 +80,7 @@ def check_1(queue: Any, edit_refusal: Any = None) -> Verdict:
                       "run `start_1` again: an accepted payload is never edited", first=True)
         new = _new_events(world, found, 1)
         nudge(world, found, f"run a worker: {_WORKER_1}")
-        bypassed(world, found)
+        bypassed(world, found, queue)
         return found.verdict("E0001 stayed as accepted (its edit was refused: batch_conflict) "
                              f"and {', '.join(new)} added the difference: {figures(world.status)}")
     return checked(1, body)
@@ -111,7 +113,7 @@ def check_2(queue: Any, conflict_refusal: Any = None, why: Any = None) -> Verdic
                     queue=queue, keep=keep, event_id="E0001", line=2,
                     other=f"send the whole file with {send}, not a line of your own")
         _letter(why, found)
-        bypassed(world, found)
+        bypassed(world, found, queue)
         return found.verdict("the batch was refused whole at line 2 (batch_conflict on E0001), "
                              f"so E0005 was not added: {figures(world.status)}")
     return checked(2, body)
@@ -133,7 +135,7 @@ def _letter(why: Any, found: Findings) -> None:
     if chosen in ("a", "c"):
         found.add(f"why the whole batch goes: you chose {chosen}), which is not the right "
                   "explanation", "read Hint 3 in EXERCISES.md and choose again")
-    elif chosen != WHY_WHOLE_BATCH:
+    elif chosen != _WHY_WHOLE_BATCH:
         found.add("why the whole batch goes: expected one of the letters a, b or c, found "
                   f"{plain(why)}", 'set why_whole_batch to "a", "b" or "c"')
 
@@ -155,7 +157,7 @@ def check_3(queue: Any) -> Verdict:
                       "E0004 itself", "run `start_3` again and recover E0004 instead")
         _recovery(world, found)
         nudge(world, found, f"run a worker with the handler that knows toy: {_WORKER_3}")
-        bypassed(world, found)
+        bypassed(world, found, queue)
         steps = [t for t in world.journal if t.event_id == "E0004" and t.reason == "redrive"]
         wasted = ("" if len(steps) < 2
                   else f" ({len(steps) - 1} redrive before the fix went dead again)")

@@ -57,7 +57,7 @@ def check_4(queue: Any, before_redrive: Any = None, after_redrive: Any = None) -
             found.add(f"{_AFTER}: that is the same refusal as {_BEFORE}", _KEEP[_AFTER])
         nudge(world, found, "let W3 claim E0004 and finish it with the handler that knows toy: "
                             "`w3 = q4.claim()`, then `q4.complete(w3, newer)` (Hint 3)")
-        bypassed(world, found)
+        bypassed(world, found, queue)
         stalled = f"generation {late.generation}, attempt {late.attempt}" if late else ""
         return found.verdict(f"the generation fenced the stalled lease ({stalled}) before and "
                              f"after a redrive: {figures(world.status)}")

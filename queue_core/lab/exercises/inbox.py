@@ -42,6 +42,7 @@ from ...values import State
 from ..broker.streams import Broker, LogStep, open_broker
 from ..broker.consumer import Consumer, inbox_step, prepare_db
 from ..broker.play import EXPECTED, ORDERS
+from .provenance import WitnessedQueue, forget, hand_out, started
 from .setup import folder_refused, queue_refused
 from .verdicts import (Findings, NotAttempted, Stop, Verdict, bypassed, checked,
                                 compare, figures, path_of, plain, read, states)
@@ -57,7 +58,8 @@ class TakeoverRun:
     """What ``run_takeover_7`` did: the file it ran on, the step's name, whether that
     step is the answer key, the consumers' log, what the step raised, and
     everything the file held right after the run (``left``: its messages,
-    effect and ledger rows and journal, against which any later change shows)."""
+    effect and ledger rows and journal, against which any later change shows),
+    and which start of the file it ran on (``start``: its witness's nonce)."""
 
     db: str
     step_name: str
@@ -66,6 +68,7 @@ class TakeoverRun:
     failures: tuple[str, ...]
     left: Snapshot = field(repr=False)
     summary: str
+    start: str | None = None
 
     def delivered(self, event_id: str) -> list[tuple[str, int]]:
         """(consumer, delivery counter) of each receipt of ``event_id``."""
@@ -83,7 +86,8 @@ def start_7(workdir: str | os.PathLike[str]) -> Queue | None:
     path = Path(workdir) / "exercise_7.sqlite3"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
-    return prepare_db(path, "naive")
+    forget(path)
+    return hand_out(prepare_db(path, "naive"), 7)
 
 
 def run_takeover_7(queue: Any, step: Any) -> TakeoverRun | None:
@@ -147,14 +151,20 @@ def _takeover(url: str, queue: Queue, step: Callable[[Queue, str], Any]) -> Take
         b.close()
         broker.drop()
     world = snapshot(queue.path)
+    witness = getattr(queue, "witness", None)
     return TakeoverRun(os.path.abspath(queue.path), getattr(step, "__name__", type(step).__name__),
                        _is_answer_key(step), steps, tuple(failures), world,
-                       _summary(queue, world))
+                       _summary(queue, world), witness.nonce if witness is not None else None)
 
 
 def _own_queue(queue: Queue) -> Queue:
-    """A consumer's own ``Queue`` on the learner's file, at the learner's clock time."""
-    return Queue(queue.path, clock=ModelClock(queue.clock.now()), lease_seconds=queue.lease_seconds)
+    """A consumer's own ``Queue`` on the learner's file, at the learner's clock time,
+    witnessed as the learner's queue is (``provenance``)."""
+    options = {"clock": ModelClock(queue.clock.now()), "lease_seconds": queue.lease_seconds}
+    witness = getattr(queue, "witness", None)
+    if witness is None:
+        return Queue(queue.path, **options)
+    return WitnessedQueue(queue.path, witness=witness, **options)
 
 
 def _finish(broker: Broker, consumer: Consumer, entry: Any, failures: list[str]) -> None:
@@ -239,7 +249,7 @@ def _judge(queue: Any, run: Any) -> Verdict:
                    "write the step yourself (Hints 1 to 3 in EXERCISES.md)")
     _story(run, queue, world)
     found = Findings(7, _AGAIN)
-    _figures(world, found)
+    _figures(world, found, queue)
     return found.verdict("E0001 was delivered twice (A, then B after the idle time; A's XACK "
                          "was accepted although B held it) and your step stored it once, "
                          f"counting the repeat: {figures(world.status)}")
@@ -251,6 +261,12 @@ def _story(run: TakeoverRun, queue: Any, world: Snapshot) -> None:
         raise Stop("your run was made on another queue file than the one you passed",
                    "run `q7 = exercises.start_7(workdir)`, then run_takeover_7 on that q7, and "
                    "pass the same q7 here")
+    latest = started(run.db)
+    if run.start is not None and latest is not None and latest.nonce != run.start:
+        raise Stop("your run was made on an earlier start of q7's file: start_7 has built it "
+                   "again since (the naive cell calls start_7 too), so the file holds what came "
+                   "after, not your run", "run the cell with your inbox step again (it starts "
+                   "q7 over and runs the takeover), then this check")
     changed = changes(run.left, world)
     if changed:
         raise Stop(f"the file changed after your run: {'; '.join(changed)[:300]} (a change made "
@@ -263,7 +279,7 @@ def _story(run: TakeoverRun, queue: Any, world: Snapshot) -> None:
                    f"{run.delivered('E0001')}", _AGAIN)
 
 
-def _figures(world: Snapshot, found: Findings) -> None:
+def _figures(world: Snapshot, found: Findings, queue: Any) -> None:
     """Money, effects and states together, the ledger, the audit, what still waits."""
     for wrong in compare(world, EXPECTED, 3, states(done=3)):
         found.add(wrong)
@@ -282,4 +298,4 @@ def _figures(world: Snapshot, found: Findings) -> None:
                   "no worker has processed them", "let your step run a worker too "
                   "(`drain(queue, Handler())`), then " + _AGAIN)
     # the ledger's rows are effects no message accounts for: said above, once
-    bypassed(world, found, ignore=lambda f: bool(ledger) and f.name in _LEDGER_FINDINGS)
+    bypassed(world, found, queue, ignore=lambda f: bool(ledger) and f.name in _LEDGER_FINDINGS)

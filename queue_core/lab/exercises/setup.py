@@ -28,6 +28,7 @@ from ...handler import Handler
 from ...queue import Queue
 from ...worker import drain, process_one
 from ..story.scenario import DEMO_JSONL, LEASE_SECONDS, START
+from .provenance import Witness, WitnessedQueue, forget, hand_out
 
 E0001_PAYLOAD = '{"amount_cents":10000,"category":"book"}'  # E0001 as stored (canonical)
 _DEMO_LINES = DEMO_JSONL.splitlines()
@@ -41,10 +42,12 @@ MALFORMED = "\n".join((
 # -- starting states ------------------------------------------------------------
 
 def fresh(workdir: str | os.PathLike[str], name: str) -> Queue:
-    """A new queue file in ``workdir`` (an earlier one is removed: start over)."""
+    """A new queue file in ``workdir`` (an earlier one, and its witness, are removed:
+    start over)."""
     path = Path(workdir) / f"{name}.sqlite3"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
+    forget(path)
     return Queue(path, clock=ModelClock(START), lease_seconds=LEASE_SECONDS)
 
 
@@ -118,8 +121,8 @@ def _reference_image() -> sqlite3.Connection:
     return image
 
 
-def _copy_of_reference(workdir: str | os.PathLike[str], name: str) -> Queue:
-    return _load_reference(fresh(workdir, name))
+def _copy_of_reference(workdir: str | os.PathLike[str], number: int) -> Queue:
+    return hand_out(_load_reference(fresh(workdir, f"exercise_{number}")), number)
 
 
 def _load_reference(queue: Queue) -> Queue:
@@ -135,17 +138,17 @@ def _load_reference(queue: Queue) -> Queue:
 
 def start_1(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 1: the reference scenario's final state (total 17000, E0004 dead), t=1002."""
-    return None if folder_refused(workdir, 1) else _copy_of_reference(workdir, "exercise_1")
+    return None if folder_refused(workdir, 1) else _copy_of_reference(workdir, 1)
 
 
 def start_2(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 2: the reference scenario's final state, t=1002."""
-    return None if folder_refused(workdir, 2) else _copy_of_reference(workdir, "exercise_2")
+    return None if folder_refused(workdir, 2) else _copy_of_reference(workdir, 2)
 
 
 def start_3(workdir: str | os.PathLike[str]) -> Queue | None:
     """Exercise 3: the reference scenario's final state, E0004 (toy) dead, t=1002."""
-    return None if folder_refused(workdir, 3) else _copy_of_reference(workdir, "exercise_3")
+    return None if folder_refused(workdir, 3) else _copy_of_reference(workdir, 3)
 
 
 def start_4(workdir: str | os.PathLike[str]) -> Queue | None:
@@ -154,7 +157,7 @@ def start_4(workdir: str | os.PathLike[str]) -> Queue | None:
         return None
     queue = fresh(workdir, "exercise_4")
     queue.enqueue_jsonl(E0004_LINE)
-    return queue
+    return hand_out(queue, 4)
 
 
 def start_5(workdir: str | os.PathLike[str]) -> Queue | None:
@@ -165,7 +168,7 @@ def start_5(workdir: str | os.PathLike[str]) -> Queue | None:
     queue = fresh(workdir, "exercise_5")
     for _ in silent_and_transient(queue):
         pass
-    return queue
+    return hand_out(queue, 5)
 
 
 def start_6(workdir: str | os.PathLike[str]) -> Queue | None:
@@ -174,7 +177,7 @@ def start_6(workdir: str | os.PathLike[str]) -> Queue | None:
         return None
     queue = fresh(workdir, "exercise_6")
     queue.enqueue_jsonl(E0003_LINE)
-    return queue
+    return hand_out(queue, 6)
 
 
 STARTS: dict[int, Callable[[str | os.PathLike[str]], Queue | None]] = {
@@ -333,8 +336,10 @@ def run_naive_worker(queue: Any, steps: Any, *, crash_after: int = 1) -> NaiveRu
 
 def run_naive_quietly(queue: Queue, steps: tuple[str, ...], crash_after: int) -> NaiveRun:
     """``run_naive_worker`` without the printing: start the process, wait, report."""
+    witness = getattr(queue, "witness", None)  # the child signs its calls as q6 does
     spec = {"db": os.path.abspath(queue.path), "now": queue.clock.now(),
-            "lease_seconds": queue.lease_seconds, "steps": list(steps), "crash_after": crash_after}
+            "lease_seconds": queue.lease_seconds, "steps": list(steps), "crash_after": crash_after,
+            "witness": witness.spec() if witness is not None else None}
     package_parent = str(Path(__file__).resolve().parents[3])  # holds queue_core/
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]))
@@ -353,7 +358,9 @@ def run_naive_quietly(queue: Queue, steps: tuple[str, ...], crash_after: int) ->
 
 def naive_worker(spec: dict[str, Any]) -> int:
     """The child's side of ``run_naive_worker``: a real claim, then naive steps."""
-    queue = Queue(spec["db"], clock=ModelClock(spec["now"]), lease_seconds=spec["lease_seconds"])
+    options = {"clock": ModelClock(spec["now"]), "lease_seconds": spec["lease_seconds"]}
+    queue = (WitnessedQueue(spec["db"], witness=Witness.from_spec(spec["witness"]), **options)
+             if spec.get("witness") else Queue(spec["db"], **options))
     lease = queue.claim()
     if lease is None:
         return 0

@@ -21,6 +21,7 @@ from ...audit import Snapshot, check, snapshot
 from ...errors import QueueError, UnusableFile
 from ...queue import Queue
 from ...storage import inspect
+from .provenance import provenance
 from .setup import STARTS
 
 SOLVED, NOT_QUITE, NOT_ATTEMPTED = "solved", "not_quite", "not_attempted"
@@ -130,9 +131,11 @@ def path_of(target: Any) -> Any:
 def read(target: Any, number: int) -> Snapshot:
     """Read a queue's stored facts at one moment, read-only (``target``: Queue or path).
 
-    Stops at a queue whose file is gone (its folder removed) and at one
-    that another exercise's start built (``start_N`` names its file
-    ``exercise_N.sqlite3``): checking it would compare another story."""
+    Stops at a queue whose file is gone (its folder removed), at one that
+    another exercise's start built (``start_N`` names its file
+    ``exercise_N.sqlite3``): checking it would compare another story, and at
+    one whose contents did not come from the package's calls on the queue
+    ``start_N`` handed out in this kernel (``provenance``)."""
     path = path_of(target)
     start = f"`q{number} = exercises.start_{number}(workdir)`"
     if isinstance(target, Queue) and not os.path.isfile(path):
@@ -153,6 +156,9 @@ def read(target: Any, number: int) -> Snapshot:
         raise Stop(f"that file is not a queue database ({exc.code})", again) from None
     if kind != "queue":
         raise Stop("that file holds no queue yet", again)
+    refused = provenance(path, number, target)
+    if refused is not None and refused.kind != "tampered":  # that one joins the findings
+        raise Stop(refused.what, refused.next_step)
     return snapshot(path)
 
 
@@ -229,17 +235,27 @@ def compare(world: Snapshot, total: int, effects: int, expected: Mapping[str, in
     return wrong
 
 
-def bypassed(world: Snapshot, found: Findings, ignore: Callable[[Any], bool] = lambda f: False
-             ) -> None:
-    """What the shared audit finds: rows changed around the protocol (an edited
-    effect, an effect written without a worker, a state the journal never
-    recorded). A right total reached that way is not a solution."""
-    problems = [f for f in check(world) if not ignore(f)]
-    if problems:
-        found.add("a hand edit: the audit found " + "; ".join(str(f) for f in problems)
-                  + " (a change made around the protocol, with SQL of your own)",
-                  f"run `start_{found.number}` again and change the queue only through its "
-                  "calls", first=True)
+def bypassed(world: Snapshot, found: Findings, queue: Any, *,
+             ignore: Callable[[Any], bool] = lambda f: False, audit: bool = True) -> None:
+    """What the witness and the shared audit find: a change made around the package's
+    calls on the start's queue (``provenance``: any row written, changed or deleted
+    with SQL of one's own, even in the engine's exact shape), and the invariants it
+    broke (an edited effect, an effect written without a worker, a state the
+    journal never recorded). A right total reached that way is not a solution.
+    ``audit=False`` where the exercise's own runner breaks invariants on purpose."""
+    refused = provenance(path_of(queue), found.number, queue)
+    problems = [f for f in check(world) if not ignore(f)] if audit else []
+    if refused is None and not problems:
+        return
+    audited = "; ".join(str(f) for f in problems)
+    if refused is not None:
+        what = f"a hand edit: {refused.what}" + (f"; the audit also found {audited}"
+                                                 if audited else "")
+        found.add(what, refused.next_step, first=True)
+        return
+    found.add(f"a hand edit: the audit found {audited} (a change made around the protocol, with "
+              "SQL of your own)", f"run `start_{found.number}` again and change the queue only "
+              "through its calls", first=True)
 
 
 def nudge(world: Snapshot, found: Findings, worker: str) -> None:

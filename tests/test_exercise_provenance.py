@@ -1,0 +1,304 @@
+"""A check accepts only work done through the package's calls on the queue that its
+own start handed out in this kernel.
+
+Three classes of wrong route, each played for real: someone else's queue (a
+course helper's, one of the learner's own, a byte copy, one from another
+interpreter, a start built again since), a forged history (rows written with
+SQL in the engine's exact shape, so that the audit finds nothing, and such an
+edit followed by a call that would sign it), and the answer key in reach (a
+public name holding a right answer). Each verdict names what is wrong and
+says what to do next; the right money proves that the figures alone would
+have passed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from queue_core import Handler, Queue, drain
+from queue_core.audit import check, snapshot
+from queue_core.lab import exercises
+from queue_core.lab.exercises import NOT_QUITE, SOLVED
+from queue_core.lab.exercises.provenance import SUFFIX
+from queue_core.lab.story import run_scenario
+from test_exercises import figures
+
+TOY = Handler().supporting("toy")
+
+
+def solve_3(queue: Queue) -> Queue:
+    queue.redrive("E0004")
+    drain(queue, TOY)
+    return queue
+
+
+def verdict_of(capsys: pytest.CaptureFixture[str], verdict: exercises.Verdict) -> str:
+    out = capsys.readouterr().out.strip()
+    assert out == verdict.text  # one line, printed once
+    return out
+
+
+# -- someone else's queue ----------------------------------------------------------------
+
+def test_a_queue_a_course_helper_built_and_finished_elsewhere_is_not_exercise_3s(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "helper").mkdir()
+    exercises.start_3(tmp_path / "mine")
+    run_scenario(tmp_path / "helper", say=lambda _: None)  # it ends with toy recovered
+    helpers = Queue(tmp_path / "helper" / "demo.sqlite3")
+    capsys.readouterr()
+    assert figures(helpers.path) == (20000, 4, {"done": 4})  # the right figures
+
+    verdict = exercises.check_3(helpers)
+
+    assert verdict.status == NOT_QUITE
+    assert verdict_of(capsys, verdict) == (
+        "Not quite: that queue was not handed out by start_3 in this kernel (a course helper's, "
+        "one your own code built, or one from before the kernel restarted), so its contents say "
+        "nothing about your cells. Next: run `q3 = exercises.start_3(workdir)`, then your cells "
+        "on that q3, and pass it here")
+
+
+def test_a_byte_copy_of_a_solved_queue_in_another_folder_is_not_the_start_s_queue(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    q3 = solve_3(exercises.start_3(tmp_path / "a"))
+    copy = tmp_path / "b" / "exercise_3.sqlite3"
+    shutil.copy(q3.path, copy)
+    shutil.copy(q3.path + SUFFIX, str(copy) + SUFFIX)  # its witness too
+    capsys.readouterr()
+
+    assert exercises.check_3(q3).status == SOLVED
+    verdict = exercises.check_3(Queue(copy))
+
+    assert verdict.status == NOT_QUITE
+    assert "not handed out by start_3 in this kernel" in verdict.text
+    assert "Next: run `q3 = exercises.start_3(workdir)`" in verdict.text
+
+
+def test_a_queue_solved_in_another_interpreter_is_refused_though_its_witness_is_beside_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = ("import sys; from queue_core import Handler, drain; "
+            "from queue_core.lab import exercises; q = exercises.start_3(sys.argv[1]); "
+            "q.redrive('E0004'); drain(q, Handler().supporting('toy')); "
+            "assert exercises.check_3(q).status == 'solved'")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, cwd=ROOT,
+                   capture_output=True, timeout=120)
+    assert figures(tmp_path / "exercise_3.sqlite3") == (20000, 4, {"done": 4})
+
+    verdict = exercises.check_3(Queue(tmp_path / "exercise_3.sqlite3"))
+
+    assert verdict.status == NOT_QUITE and "not handed out by start_3 in this kernel" in \
+        verdict_of(capsys, verdict)
+
+
+def test_an_older_q3_after_start_3_built_its_file_again_is_told_apart_from_a_hand_edit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    older = solve_3(exercises.start_3(tmp_path))
+    newer = exercises.start_3(tmp_path)
+    capsys.readouterr()
+
+    verdict = exercises.check_3(older)
+
+    assert verdict.status == NOT_QUITE
+    assert verdict_of(capsys, verdict) == (
+        "Not quite: start_3 has built this file again since that q3 was handed out: the file "
+        "holds the newer start now, not the older q3's work. Next: run your cells on the q3 "
+        "that the last `q3 = exercises.start_3(workdir)` returned (or run that start once "
+        "more, then your cells)")
+    assert "hand edit" not in verdict.text
+    assert exercises.check_3(solve_3(newer)).status == SOLVED
+
+
+def test_a_queue_of_the_learners_own_on_the_start_s_file_is_not_the_start_s_queue(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q3 = exercises.start_3(tmp_path)
+    solve_3(Queue(q3.path, clock=q3.clock, lease_seconds=2))  # the right calls, not on q3
+    capsys.readouterr()
+    assert figures(q3.path) == (20000, 4, {"done": 4})
+
+    verdict = exercises.check_3(q3)
+
+    assert verdict.status == NOT_QUITE
+    assert verdict.text.startswith("Not quite: a hand edit: q3's file was changed around the "
+                                   "package's calls since the last call on q3 (SQL of your own, "
+                                   "or a Queue of your own on its file)")
+    assert verdict.next_step == ("run `start_3` again (`q3 = exercises.start_3(workdir)`) and "
+                                 "change the queue only through q3's calls")
+
+
+# -- a forged history ------------------------------------------------------------------------
+
+def forged_solution(tmp_path: Path) -> Queue:
+    """q3 given, by plain SQL, exactly the rows that the real solution writes: the
+    same messages, effects and journal, to the last column."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "scratch").mkdir()
+    q3 = exercises.start_3(tmp_path / "mine")
+    model = solve_3(exercises.start_3(tmp_path / "scratch"))
+    source = sqlite3.connect(model.path)
+    rows = {table: source.execute(f"SELECT * FROM {table}").fetchall()
+            for table in ("messages", "effects", "transitions")}
+    source.close()
+    conn = sqlite3.connect(q3.path)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    for table in ("transitions", "effects", "messages"):
+        conn.execute(f"DELETE FROM {table}")
+    for table, found in rows.items():
+        width = len(found[0])
+        conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * width)})", found)
+    conn.commit()
+    conn.close()
+    return q3
+
+
+def test_a_history_forged_in_the_engines_exact_shape_is_found_though_the_audit_is_clean(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q3 = forged_solution(tmp_path)
+    capsys.readouterr()
+    world = snapshot(q3.path)
+    assert check(world) == []  # the audit alone cannot tell
+    assert figures(q3.path) == (20000, 4, {"done": 4})
+
+    verdict = exercises.check_3(q3)
+
+    assert verdict.status == NOT_QUITE
+    assert verdict_of(capsys, verdict) == (
+        "Not quite: a hand edit: q3's file was changed around the package's calls since the "
+        "last call on q3 (SQL of your own, or a Queue of your own on its file). Next: run "
+        "`start_3` again (`q3 = exercises.start_3(workdir)`) and change the queue only through "
+        "q3's calls")
+
+
+def test_a_forged_row_followed_by_a_real_call_is_not_laundered_by_that_call(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q1 = exercises.start_1(tmp_path)
+    conn = sqlite3.connect(q1.path)  # an effect of 2000 for E0002, around the protocol
+    conn.execute("UPDATE effects SET amount_cents = 4000 WHERE event_id = 'E0002'")
+    conn.commit()
+    conn.close()
+    assert q1.claim() is None  # a call on q1 after the edit: it signs what it found
+    capsys.readouterr()
+
+    verdict = exercises.check_1(q1)
+
+    assert verdict.status == NOT_QUITE
+    assert "a hand edit: q1's file was changed around the package's calls before a later " \
+           "call on q1" in verdict_of(capsys, verdict)
+    assert "effect_differs: E0002" in verdict.text  # and the audit's finding beside it
+
+
+def test_an_edited_or_removed_witness_is_refused_with_the_way_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q3 = solve_3(exercises.start_3(tmp_path))
+    record = Path(q3.path + SUFFIX)
+    lines = record.read_text().splitlines()
+    entry = json.loads(lines[-1])
+    entry["after"] = "0" * 64
+    record.write_text("\n".join([*lines[:-1], json.dumps(entry)]) + "\n")
+    capsys.readouterr()
+
+    edited = exercises.check_3(q3)
+    record.unlink()
+    removed = exercises.check_3(q3)
+
+    assert edited.status == removed.status == NOT_QUITE
+    assert "q3's witness was edited: an entry's signature does not match" in edited.text
+    assert "q3's witness (the file exercise_3.sqlite3.witness beside it, which records each " \
+           "call) is gone" in removed.text
+    assert edited.next_step == removed.next_step == (
+        "run `start_3` again (`q3 = exercises.start_3(workdir)`) and change the queue only "
+        "through q3's calls")
+
+
+def test_the_naive_workers_process_signs_its_steps_and_a_run_on_a_plain_queue_does_not(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    steps = ["UPDATE messages SET state = 'done', lease_until = NULL "
+             "WHERE event_id = :event_id AND generation = :generation",
+             "INSERT INTO effects (event_id, category, amount_cents) "
+             "VALUES (:event_id, :category, :amount_cents)"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    q6 = exercises.start_6(tmp_path / "a")
+    run = exercises.run_naive_worker(q6, steps)
+    other = exercises.start_6(tmp_path / "b")
+    plain = Queue(other.path, clock=other.clock, lease_seconds=2)
+    plain_run = exercises.run_naive_worker(plain, steps)
+    capsys.readouterr()
+    assert figures(q6.path) == figures(other.path) == (0, 0, {"done": 1})
+
+    assert exercises.check_6(q6, run).status == SOLVED
+    verdict = exercises.check_6(other, plain_run)
+    assert verdict.status == NOT_QUITE
+    assert "a hand edit: q6's file was changed around the package's calls before a later call " \
+           "on q6" not in verdict.text
+    assert "q6's file was changed around the package's calls since the last call on q6" in \
+        verdict.text
+
+
+# -- the answer key in reach -------------------------------------------------------------------
+
+def test_no_public_name_of_the_exercises_holds_a_right_answer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    modules = [exercises] + [importlib.import_module(info.name) for info in
+                             pkgutil.iter_modules(exercises.__path__, "queue_core.lab.exercises.")]
+    public = {f"{module.__name__}.{name}": getattr(module, name) for module in modules
+              for name in dir(module) if not name.startswith("_")}
+    # exercise 2's right letter, typed by hand, is solved; no public name holds it
+    q2 = exercises.start_2(tmp_path)
+    try:
+        q2.enqueue_file(ROOT / "data" / "conflict.jsonl")
+    except Exception as exc:  # noqa: BLE001 - the refusal the exercise keeps
+        refusal = exc
+    capsys.readouterr()
+    assert exercises.check_2(q2, refusal, "b").status == SOLVED
+    assert [name for name, value in public.items() if isinstance(value, str)
+            and value.strip().strip(")").lower() == "b"] == []
+    assert not hasattr(exercises, "WHY_WHOLE_BATCH")
+
+
+# -- what a check cannot tell apart, as EXERCISES.md says ----------------------------------
+
+def test_a_lease_built_by_hand_with_w1s_fields_is_w1s_fencing_token_for_the_check_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from queue_core import Lease, LeaseLost
+    from test_exercises import stalled_worker_story
+
+    q4 = exercises.start_4(tmp_path)
+    before, after, _ = stalled_worker_story(q4)
+    w1 = before[0]
+    by_hand = Lease(w1.event_id, w1.generation, w1.attempt, w1.lease_until)
+    assert by_hand == w1 and isinstance(before[1], LeaseLost)
+    capsys.readouterr()
+
+    verdict = exercises.check_4(q4, (by_hand, before[1]), (by_hand, after[1]))
+
+    assert verdict.status == SOLVED
+    assert figures(q4.path) == (3000, 1, {"done": 1})
+
+
+def test_no_chapter_prints_the_body_of_exercise_7s_answer_key() -> None:
+    from queue_core.lab.broker import inbox_step
+
+    source = inspect.getsource(inbox_step)
+    body = [line.strip() for line in source.split('"""')[-1].splitlines() if line.strip()]
+    assert body[0] == "accepted = queue.enqueue_jsonl(line)"  # the lines that solve it
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):  # the solutions' folder aside
+        cells = json.loads(path.read_text())["cells"]
+        shown = "\n".join("".join(output.get("text", "")) + "".join(
+            output.get("data", {}).get("text/plain", ""))
+            for cell in cells for output in cell.get("outputs", ()))
+        assert not any(line in shown for line in body[:2]), path.name
