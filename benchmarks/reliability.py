@@ -22,8 +22,8 @@ stress duplicate, loss or money difference.
 
 Last, the same crash sweep (every protocol) and the stress run (4 processes
 x 1000 events) on PostgreSQL: on ``QUEUE_CORE_PG_DSN`` if set, else on a
-private server started with ``pgserver`` and stopped at the end (skipped,
-and said so, when neither is available). Each case gets a fresh schema.
+private server (``queue_core.lab.private_postgres``) stopped at the end
+(skipped, and said so, when neither is available). Each case gets a fresh schema.
 """
 
 from __future__ import annotations

