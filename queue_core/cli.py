@@ -2,8 +2,9 @@
 
 Exit status: 0 on success (``work`` included, whatever the outcomes, and
 ``work --max N`` stopping with messages still queued); 2 for refused input
-(a rejected batch, a message that cannot be redriven, bad arguments), with
-``line N: CODE: explanation`` or ``CODE: explanation`` on stderr (bad
+(a rejected batch, a message that cannot be redriven, an id that is no event
+id: ``invalid_event_id``, bad arguments), with ``line N: CODE: explanation``
+or ``CODE: explanation`` on stderr (bad
 arguments: the usage line, then ``queue-core: error: explanation``, which
 starts with ``misplaced_option:`` for an option on the wrong side of the
 command, ``--db``/``--now`` after it or the command's own option before it,
@@ -40,7 +41,7 @@ from .clock import Clock, ModelClock, SystemClock
 from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
-from .queue import Queue
+from .queue import Queue, require_event_id
 from .storage import roll_back_hot_journal
 from .stores import is_connection_string, open_store
 from .worker import drain
@@ -176,6 +177,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
+    if args.command == "redrive":  # refused input, before any file or server is looked at
+        require_event_id(args.event_id)
     if not is_connection_string(args.db):
         _require_folder(args.db)
         # Before the file's header is checked: a writer killed during COMMIT leaves a
