@@ -12,10 +12,24 @@ run, so both panels share the limit's red line at 1.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 FSYNCED = "every commit a caller relies on is fsynced"
 NORMAL = "synchronous=NORMAL"
+
+
+def _label_log_axis(axis: Any, low: float, high: float) -> None:
+    """Label a log axis in plain numbers (0.1, 1, 10 rather than 10^-1): every
+    decade, and 2 and 5 of each as well where the view spans less than three
+    decades, so that at least two labels fall inside it. Left to itself,
+    matplotlib labels every minor tick of an axis that holds a single decade
+    (2x10^-1, 3x10^-1, ...), and the labels run into each other."""
+    from matplotlib.ticker import LogLocator
+
+    few = math.log10(high / low) < 3
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if few else (1.0,)))
+    axis.set_major_formatter(lambda value, _: f"{value:g}")
 
 
 def plot_throughput(results: dict[str, Any], ours: Mapping[str, str],
@@ -24,6 +38,7 @@ def plot_throughput(results: dict[str, Any], ours: Mapping[str, str],
     message on the left; the peers beside ours at the same durability on the right.
     ``ours`` and ``peers`` name each case (``results["vs_raw"]``'s keys) for the picture."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     rel = results["vs_raw"]
     fig, (by_k, beside) = plt.subplots(1, 2, figsize=(12, 4.6),
@@ -66,9 +81,11 @@ def plot_throughput(results: dict[str, Any], ours: Mapping[str, str],
                ylim=(y - 0.6, -1.2), xlabel="consume rate / raw commit rate (log; red: the limit)",
                title="The consumer side, beside queues at the same durability")
     beside.set_yticks([t for t, _ in ticks], [label for _, label in ticks], fontsize="small")
-    beside.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
+    _label_log_axis(beside.xaxis, *beside.get_xlim())
     for ax in (by_k, beside):
         ax.grid(alpha=0.3, which="both")
+        for axis in (ax.xaxis, ax.yaxis):  # minor ticks and their grid stay, unlabelled
+            axis.set_minor_formatter(NullFormatter())
     fig.suptitle("Measured in one interleaved run (medians of slices); ours in blue")
     fig.tight_layout()
     return fig
