@@ -2,11 +2,14 @@
 
 Exit status: 0 on success (``work`` included, whatever the outcomes, and
 ``work --max N`` stopping with messages still queued); 2 for refused input
-(a rejected batch, a message that cannot be redriven, bad arguments), with
-``line N: CODE: explanation`` or ``CODE: explanation`` on stderr (bad
+(a rejected batch, a message that cannot be redriven, an id that is no event
+id: ``invalid_event_id``, bad arguments), with ``line N: CODE: explanation``
+or ``CODE: explanation`` on stderr (bad
 arguments: the usage line, then ``queue-core: error: explanation``, which
 starts with ``misplaced_option:`` for an option on the wrong side of the
 command, ``--db``/``--now`` after it or the command's own option before it,
+with ``unknown_option:`` for an option its side does not have, shown with the
+usage of the parser that would have taken it and the closest option there is,
 and with ``unused_option:`` for ``--db``/``--now`` given to ``demo``); 1 for
 an operational error (a file that is not the queue's, a missing queue file
 for any command but ``enqueue``: ``no_queue_file``, a missing folder:
@@ -22,8 +25,10 @@ creates a queue file; a command that ends where it may write leaves no
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -36,7 +41,7 @@ from .clock import Clock, ModelClock, SystemClock
 from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
-from .queue import Queue
+from .queue import Queue, require_event_id
 from .storage import roll_back_hot_journal
 from .stores import is_connection_string, open_store
 from .worker import drain
@@ -148,7 +153,13 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     misplaced = _misplaced_options(argv, parser)
     if misplaced is not None:
         parser.error(misplaced)
-    args = parser.parse_args(argv)
+    unknown = _unknown_options(argv, parser)
+    if unknown is not None:
+        owner, refusal = unknown
+        owner.error(refusal)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # only a command leaves arguments over: it shows its own usage
+        _commands(parser)[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     given = [name for name, value in (("--db", args.db), ("--now", args.now))
              if value is not None]
     if args.command == "demo" and given:
@@ -166,6 +177,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
+    if args.command == "redrive":  # refused input, before any file or server is looked at
+        require_event_id(args.event_id)
     if not is_connection_string(args.db):
         _require_folder(args.db)
         # Before the file's header is checked: a writer killed during COMMIT leaves a
@@ -257,10 +270,8 @@ def _misplaced_options(argv: list[str], parser: argparse.ArgumentParser) -> str 
     ``--now`` after it (argparse would say "unrecognized arguments"), or the
     command's own option before it (argparse would take its value for the
     command: "invalid choice"); it shows the command line put right."""
-    commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
-    at = 0
-    while at < len(argv) and argv[at] not in commands:
-        at += 2 if argv[at] in GLOBAL_OPTIONS else 1  # skip an option's value: --db work
+    commands = _commands(parser)
+    at = _command_at(argv, commands)
     if at == len(argv):
         return None
     command = argv[at]
@@ -276,6 +287,78 @@ def _misplaced_options(argv: list[str], parser: argparse.ArgumentParser) -> str 
         where.append(" and ".join(sorted(early)) + (" after it" if late else
                                                     f" must come after the command {command!r}"))
     return f"misplaced_option: {' and '.join(where)}, as in: {' '.join(fixed)}"
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's own parser, by name."""
+    return next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
+
+
+def _command_at(argv: list[str], commands: dict[str, argparse.ArgumentParser]) -> int:
+    """Where the command is among the arguments (``len(argv)`` if none is)."""
+    at = 0
+    while at < len(argv) and argv[at] not in commands:
+        at += 2 if argv[at] in GLOBAL_OPTIONS else 1  # skip an option's value: --db work
+    return at
+
+
+def _unknown_options(argv: list[str], parser: argparse.ArgumentParser
+                     ) -> tuple[argparse.ArgumentParser, str] | None:
+    """The refusal of an option its side of the command does not have (a global
+    one before the command, the command's own after it), from the parser whose
+    usage it needs, with the closest option it has (``difflib``) and, when every
+    unknown option has one, the command line put right. Run after
+    ``_misplaced_options``: an option of the other side is misplaced, not unknown."""
+    commands = _commands(parser)
+    at = _command_at(argv, commands)
+    for owner, start, stop in ((parser, 0, at), (commands.get(argv[at]) if at < len(argv)
+                                                 else None, at + 1, len(argv))):
+        if owner is None:
+            continue
+        known = [name for action in owner._actions  # noqa: SLF001
+                 for name in action.option_strings]
+        unknown = [(i, argv[i].split("=", 1)[0]) for i in range(start, stop)
+                   if _looks_like_option(argv[i]) and not _takes(owner, argv[i], known)]
+        if "--" in argv[start:stop]:  # what follows it is no option
+            cut = start + argv[start:stop].index("--")
+            unknown = [(i, name) for i, name in unknown if i < cut]
+        if not unknown:
+            continue
+        who = "queue-core" if owner is parser else f"the command {argv[at]!r}"
+        names = " or ".join(name for _, name in unknown)
+        closest = {i: difflib.get_close_matches(name.lstrip("-"), [k.lstrip("-") for k in known
+                                                                   if k.startswith("--")],
+                                                n=1, cutoff=0.6) for i, name in unknown}
+        if all(closest.values()):
+            fixed = list(argv)
+            for i, name in unknown:
+                fixed[i] = "--" + closest[i][0] + argv[i][len(name):]
+            suggested = " and ".join(f"--{closest[i][0]}" for i, _ in unknown)
+            return owner, (f"unknown_option: {who} has no option {names}; did you mean "
+                           f"{suggested}? as in: {' '.join(['queue-core', *fixed])}")
+        own = [name for action in owner._actions  # noqa: SLF001
+               if action.dest not in ("help", "version") for name in action.option_strings]
+        listed = ", ".join(own[:-1]) + f" and {own[-1]}" if len(own) > 1 else "".join(own)
+        has = f"its options are {listed}" if own else "it takes no options"
+        if owner is parser:
+            has += " (a command's own options come after the command)"
+        return owner, (f"unknown_option: {who} has no option {names}; {has}, as "
+                       f"{owner.prog} --help shows")
+    return None
+
+
+def _looks_like_option(token: str) -> bool:
+    """What argparse takes for an option: a dash, then not a negative number."""
+    return token.startswith("-") and token not in ("-", "--") \
+        and not re.fullmatch(r"-\d+|-\d*\.\d+", token)
+
+
+def _takes(owner: argparse.ArgumentParser, token: str, known: list[str]) -> bool:
+    """Whether ``owner`` takes ``token`` as one of its options, exactly or as argparse
+    takes an abbreviation (a prefix of a long option; an ambiguous one argparse refuses)."""
+    name = token.split("=", 1)[0]
+    return name in known or (name.startswith("--") and owner.allow_abbrev
+                             and any(k.startswith(name) for k in known if k.startswith("--")))
 
 
 def _options_among(tokens: list[str], owner: argparse.ArgumentParser

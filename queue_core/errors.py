@@ -64,7 +64,12 @@ class LeaseLost(QueueError):
 
 
 class NotRedrivable(QueueError):
-    """Only a dead message may be redriven."""
+    """Only a dead message may be redriven.
+
+    ``code`` is ``not_redrivable`` (the message is not dead) or
+    ``invalid_event_id`` (what was given is no event id: refused input, with
+    the code a batch line gets for it).
+    """
 
     code = "not_redrivable"
 

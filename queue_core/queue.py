@@ -44,6 +44,15 @@ from .views import QueueViews
 
 
 
+def require_event_id(event_id: object) -> None:
+    """Refuse what is no event id as input, with ingest's code for it: ``NotRedrivable``
+    with code ``invalid_event_id`` (an id that is well formed but not stored is
+    ``UnknownEvent``: a fact of the queue, not of the input)."""
+    if not isinstance(event_id, str) or not EVENT_ID.fullmatch(event_id):
+        raise NotRedrivable(f"{event_id!r} is not an event id (E followed by four ASCII digits)",
+                            code="invalid_event_id")
+
+
 def backoff_seconds(attempt: int) -> int:
     """Delay before the next try after a transient failure of ``attempt``: 1, 2, 4..."""
     return int(2 ** (attempt - 1))  # int: ``**`` of two ints is typed as Any
@@ -305,11 +314,12 @@ class Queue(QueueAcks, QueueViews):
         """Send a dead message back to ``ready`` for a new cycle of attempts.
 
         Resets ``attempts`` to 0; keeps ``generation`` and the payload, so a
-        worker from an earlier cycle stays fenced. Raises ``UnknownEvent`` or
-        ``NotRedrivable`` (code ``not_redrivable``) and changes nothing.
+        worker from an earlier cycle stays fenced. Raises ``UnknownEvent`` (no
+        such message) or ``NotRedrivable`` (code ``not_redrivable``: it is not
+        dead; ``invalid_event_id``: what was given is no event id, refused
+        before the database is read) and changes nothing.
         """
-        if not isinstance(event_id, str) or not EVENT_ID.fullmatch(event_id):
-            raise UnknownEvent(f"{event_id!r} is not an event id (E followed by four digits)")
+        require_event_id(event_id)
         with self.transaction() as conn:
             now = self.clock.now()
             journal: list[tuple[Any, ...]] = []

@@ -244,7 +244,8 @@ CODE_LISTS = (
     # an operational error: the file, the server or the output, not the input (the
     # command line's refusals of arguments exit with 2)
     CodeList(ROOT / "README.md", "Operational errors exit with 1",
-             lambda c: c.unusable | (c.cli - {"misplaced_option", "unused_option"})
+             lambda c: c.unusable | (c.cli - {"misplaced_option", "unknown_option",
+                                               "unused_option"})
              | {"integrity_violation"}),
 )
 

@@ -54,3 +54,19 @@ def test_open_gate_gives_up_when_too_few_workers_arrive(tmp_path: Path,
     with pytest.raises(TimeoutError):
         open_gate(tmp_path, 2)
     assert not (tmp_path / "go").exists()
+
+
+def test_a_drain_worker_that_works_outside_the_lock_runs_the_worker_loop(
+        queue: Queue, tmp_path: Path) -> None:
+    """Its ACK claims the next message (``complete_and_claim``), as ``queue-core
+    work``'s does: the loop's own step is met, the plain ACK's never."""
+    queue.enqueue_file(DATA / "twenty.jsonl")
+    fused = run_child(queue.path, now=1000, lease_seconds=2, mode="drain", work_ms=1,
+                      crash_at="complete_and_claim.after_commit")
+    plain = run_child(queue.path, now=1000, lease_seconds=2, mode="drain", work_ms=1,
+                      crash_at="complete.after_begin")
+
+    assert fused.crashed  # type: ignore[union-attr]
+    assert [o.event_id for o in fused.outcomes] == []  # died holding E0101, having ACKed E0100
+    assert not plain.crashed and len(plain.outcomes) == 18  # type: ignore[union-attr]
+    assert queue.status().states["done"] == 19 and queue.message("E0101").state == "leased"

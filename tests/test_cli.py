@@ -131,7 +131,8 @@ def test_a_missing_file_exits_2_with_a_file_level_code(scratch: Path) -> None:
 
 @pytest.mark.parametrize("event_id, code", [("E0001", "not_redrivable"),
                                             ("E9999", "unknown_event"),
-                                            ("bogus", "unknown_event")])
+                                            ("e0001", "invalid_event_id"),
+                                            ("bogus", "invalid_event_id")])
 def test_redrive_of_a_message_that_is_not_dead_exits_2_and_changes_nothing(
         scratch: Path, event_id: str, code: str) -> None:
     queue = Queue(scratch / "q.sqlite3", clock=ModelClock(1000))
@@ -145,6 +146,16 @@ def test_redrive_of_a_message_that_is_not_dead_exits_2_and_changes_nothing(
     assert result.stderr.startswith(f"{code}: ") and REFUSAL.match(result.stderr)
     assert snapshot(scratch / "q.sqlite3") == before
     assert ledger(scratch / "q.sqlite3") == expect(total=17000, effects=3, done=3, dead=1)
+
+
+def test_redrive_of_what_is_no_event_id_is_refused_before_the_file_is_looked_at(
+        scratch: Path) -> None:
+    result = run(scratch, "--db", "missing.sqlite3", "redrive", "e0004")
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == ("invalid_event_id: 'e0004' is not an event id (E followed by "
+                             "four ASCII digits)\n")
+    assert not (scratch / "missing.sqlite3").exists()
 
 
 def test_the_default_database_is_queue_sqlite3_in_the_current_folder(scratch: Path) -> None:

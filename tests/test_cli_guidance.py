@@ -80,6 +80,80 @@ def test_a_global_option_after_the_command_is_refused_with_the_command_line_put_
     assert sorted(path.name for path in scratch.iterdir()) == before  # no database was made
 
 
+MISSPELT = {
+    "maxx-of-work": (["--db", "q.sqlite3", "work", "--maxx", "2"], "work",
+                     "the command 'work' has no option --maxx; did you mean --max? "
+                     "as in: queue-core --db q.sqlite3 work --max 2"),
+    "jsn-of-status": (["status", "--jsn"], "status",
+                      "the command 'status' has no option --jsn; did you mean --json? "
+                      "as in: queue-core status --json"),
+    "batchsize-with-equals": (["--now", "5", "work", "--batchsize=3", "--accept", "toy"], "work",
+                              "the command 'work' has no option --batchsize; did you mean "
+                              "--batch-size? as in: queue-core --now 5 work --batch-size=3 "
+                              "--accept toy"),
+    "two-misspelt": (["work", "--acept", "toy", "--maxx", "1"], "work",
+                     "the command 'work' has no option --acept or --maxx; did you mean "
+                     "--accept and --max? as in: queue-core work --accept toy --max 1"),
+    "nothing-close": (["work", "--frobnicate"], "work",
+                      "the command 'work' has no option --frobnicate; its options are "
+                      "--lease-seconds, --accept, --batch-size and --max, as "
+                      "queue-core work --help shows"),
+    "dbb-before-the-command": (["--dbb", "q.sqlite3", "status"], None,
+                               "queue-core has no option --dbb; did you mean --db? "
+                               "as in: queue-core --db q.sqlite3 status"),
+    "no-command-at-all": (["--nwo=5"], None,
+                          "queue-core has no option --nwo; did you mean --now? "
+                          "as in: queue-core --now=5"),
+}
+
+
+@pytest.mark.parametrize("args, command, explanation", MISSPELT.values(), ids=MISSPELT.keys())
+def test_a_misspelt_option_is_refused_with_its_parsers_usage_and_the_closest_option(
+        scratch: Path, args: list[str], command: str | None, explanation: str) -> None:
+    before = sorted(path.name for path in scratch.iterdir())
+
+    result = run(scratch, *args)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    lines = result.stderr.splitlines()
+    prog = "queue-core" if command is None else f"queue-core {command}"
+    assert lines[0].startswith(f"usage: {prog} [-h]")  # the usage of the parser that owns it
+    assert lines[-1] == f"{prog}: error: unknown_option: {explanation}"
+    assert sorted(path.name for path in scratch.iterdir()) == before  # no database was made
+
+
+def test_an_abbreviated_option_is_still_taken_as_argparse_takes_it(scratch: Path) -> None:
+    assert run(scratch, "--now", "1000", "enqueue", "demo.jsonl").returncode == 0
+
+    result = run(scratch, "--no", "1000", "work", "--ma", "1", "--lease", "5")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "E0001 done (generation 1): book +10000"
+
+
+def test_the_command_line_a_misspelt_option_suggests_runs(scratch: Path) -> None:
+    assert run(scratch, "--now", "1000", "enqueue", "demo.jsonl").returncode == 0
+    refused = run(scratch, "--now", "1000", "work", "--maxx", "1")
+    assert refused.returncode == 2
+
+    result = run(scratch, *put_right(refused.stderr))
+
+    assert put_right(refused.stderr) == ["--now", "1000", "work", "--max", "1"]
+    assert result.returncode == 0, result.stderr
+    assert ledger(scratch / "queue.sqlite3") == expect(total=10000, effects=1, done=1, ready=3)
+
+
+def test_an_extra_argument_of_a_command_is_refused_with_that_commands_usage(
+        scratch: Path) -> None:
+    result = run(scratch, "enqueue", "demo.jsonl", "twenty.jsonl")
+
+    assert (result.returncode, result.stdout) == (2, "")
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("usage: queue-core enqueue [-h] FILE")
+    assert lines[-1] == "queue-core enqueue: error: unrecognized arguments: twenty.jsonl"
+    assert not (scratch / "queue.sqlite3").exists()
+
+
 def put_right(refused: str) -> list[str]:
     """The arguments of the command line a ``misplaced_option`` refusal shows."""
     return refused.splitlines()[-1].split("as in: queue-core ", 1)[1].split()

@@ -404,3 +404,53 @@ def test_consumer_turns_count_each_change_of_writer_in_commit_order(
     assert consumer_turns(journal, consumers_frame(alone)) == 0
     title = plot_consumers(alone, journal).axes[2].get_title()
     assert "no change of turn" in title
+
+
+THROUGHPUT_PEERS = [{"name": "persist", "synchronous": "FULL"}, {"name": "lite_full",
+                                                                "synchronous": "FULL"},
+                    {"name": "huey", "synchronous": "FULL"}, {"name": "lite", "synchronous": "NORMAL"}]
+THROUGHPUT_RATIOS = {
+    # every dot between 0.5 and 1.8: the log axis holds a single decade (1), the case in
+    # which matplotlib labels every minor tick (2x10^-1, 3x10^-1, ...) and they overlap
+    "one-decade": {"single": 0.76, "batch_1": 0.6, "batch_10": 4.0, "batch_100": 14.0,
+                   "single_normal": 1.8, "persist": 0.7, "lite_full": 0.5, "huey": 0.9,
+                   "lite": 1.6},
+    "wide": {"single": 0.05, "batch_1": 0.03, "batch_10": 0.3, "batch_100": 2.0,
+             "single_normal": 40.0, "persist": 0.02, "lite_full": 0.04, "huey": 0.1,
+             "lite": 30.0},
+    "this-kind-of-run": {"single": 0.70, "batch_1": 0.69, "batch_10": 4.0, "batch_100": 13.7,
+                         "single_normal": 3.66, "persist": 0.69, "lite_full": 0.40, "huey": 1.04,
+                         "lite": 3.46},
+}
+
+
+@pytest.mark.parametrize("ratios", THROUGHPUT_RATIOS.values(), ids=THROUGHPUT_RATIOS.keys())
+def test_the_throughput_figure_labels_no_minor_tick_and_keeps_its_tick_labels_apart(
+        ratios: dict[str, float]) -> None:
+    from queue_core.lab.speed import plot_throughput
+
+    fig = plot_throughput({"vs_raw": ratios, "peers": THROUGHPUT_PEERS},
+                          ours={"single": "ours: the worker loop", "single_normal": "ours, NORMAL"},
+                          peers={p["name"]: p["name"] for p in THROUGHPUT_PEERS})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            minor = [t.get_text() for t in axis.get_minorticklabels() if t.get_text()]
+            assert minor == [], f"{ax.get_title()}: minor tick labels {minor}"
+            shown = [t for t in axis.get_majorticklabels() if t.get_text() and t.get_visible()
+                     and _inside(ax, axis, t)]
+            boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in shown]
+            assert [(a, b) for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
+                    if box_a.overlaps(box_b)] == [], ax.get_title()
+        labels = [t.get_text() for t in ax.xaxis.get_majorticklabels()
+                  if t.get_text() and _inside(ax, ax.xaxis, t)]
+        assert len(labels) >= 2, f"{ax.get_title()}: only {labels} to read the axis by"
+
+
+def _inside(ax: Any, axis: Any, label: Any) -> bool:
+    """Whether a tick label's tick lies within the axis's view (matplotlib keeps
+    labels for ticks just outside it, and does not draw them)."""
+    low, high = sorted(ax.get_xlim() if axis is ax.xaxis else ax.get_ylim())
+    x, y = label.get_position()
+    return bool(low <= (x if axis is ax.xaxis else y) <= high)

@@ -444,16 +444,31 @@ def test_redrive_of_a_message_that_is_not_dead_is_refused_and_changes_nothing(
     assert row(db_path, "E0001")["state"] == state
 
 
-@pytest.mark.parametrize("event_id", ["E9999", "E01", "e0001", ""], ids=repr)
 def test_redrive_of_an_unknown_event_is_refused_and_changes_nothing(
-        queue: Queue, handler: Handler, db_path: Path, event_id: str) -> None:
+        queue: Queue, handler: Handler, db_path: Path) -> None:
     queue.enqueue_jsonl(ONE_BOOK)
     before = snapshot(db_path)
 
     with pytest.raises(UnknownEvent) as caught:
-        queue.redrive(event_id)
+        queue.redrive("E9999")
 
     assert caught.value.code == "unknown_event"
+    assert snapshot(db_path) == before
+    assert ledger(db_path) == expect(total=0, effects=0, ready=1)
+
+
+@pytest.mark.parametrize("event_id", ["E01", "e0001", "E0001\n", "E\u0660\u0660\u0660\u0660", "",
+                                      1], ids=repr)
+def test_redrive_of_what_is_no_event_id_is_refused_as_input_and_changes_nothing(
+        queue: Queue, handler: Handler, db_path: Path, event_id: object) -> None:
+    queue.enqueue_jsonl(ONE_BOOK)
+    before = snapshot(db_path)
+
+    with pytest.raises(NotRedrivable) as caught:
+        queue.redrive(event_id)  # type: ignore[arg-type]
+
+    assert caught.value.code == "invalid_event_id"  # refused as input, as ingest refuses it
+    assert "E followed by four ASCII digits" in str(caught.value)
     assert snapshot(db_path) == before
     assert ledger(db_path) == expect(total=0, effects=0, ready=1)
 

@@ -10,8 +10,9 @@ import pytest
 from queue_core import audit
 from queue_core.lab.speed import measure_scaling, plot_scaling, scaling_frame
 from queue_core.lab.story import play_scenario
-from queue_core.lab.speed.scaling import (CommitCost, ScalingRow, busy_share, commit_cost, cpu_ticks,
-                                    describe_scaling, pg_round_trips)
+from queue_core.lab.speed.scaling import (BUSY_SAMPLE_S, CommitCost, ScalingRow, busy_share,
+                                          commit_cost, cpu_ticks, describe_scaling,
+                                          pg_round_trips)
 
 
 def test_the_reference_scenario_gives_the_same_figures_on_postgres_with_a_crashing_process(
@@ -96,7 +97,7 @@ def test_the_printed_reasons_follow_the_run_figures(
     said = " ".join(describe_scaling(rows, cores=2, background=0.1, costs=costs).split())
 
     assert said.startswith("This machine has 2 CPU cores; before the runs, other programs kept "
-                           "them 10% busy.")
+                           "them 10% busy: ")
     assert "sqlite: 1000 messages/s with 1 worker; 2 workers: 1.00 times that" in said
     assert "Here a second worker only queued for the lock." in said
     assert expected in said
@@ -105,6 +106,22 @@ def test_the_printed_reasons_follow_the_run_figures(
                 "Little was left to fill", "all the same."}
     assert [words for words in verdicts if words in said] == [
         words for words in verdicts if words in expected]
+
+
+def test_the_background_load_is_said_with_how_it_was_measured_and_what_it_means() -> None:
+    rows = [row(s, n, 0.3, 0.5) for s in ("sqlite", "postgres") for n in (1, 2, 4)]
+
+    said = " ".join(describe_scaling(rows, cores=2, background=0.5, costs=COSTS).split())
+
+    assert said.startswith(
+        "This machine has 2 CPU cores; before the runs, other programs kept them 50% busy: for "
+        f"{BUSY_SAMPLE_S:g} s, while the measuring process slept, the kernel counted that share of "
+        "all the cores' time as busy (/proc/stat, time a virtual machine's host took back "
+        "included), the work of about 1.0 of the 2 cores.")
+    assert ("The workers below share the cores with whatever keeps running, so the busier they "
+            "are, the more of each run's time is waiting for a core, which the rates cannot tell "
+            "apart from the queue's own work; the table's column \"cores busy\" counts every "
+            "program during each run, the workers included.") in said
 
 
 def test_without_cpu_counters_the_sentences_say_so_and_give_no_verdict_on_cores() -> None:

@@ -76,6 +76,10 @@ def test_the_flush_curve_counts_one_fsync_per_message_and_meets_its_slow_point()
     # as the flush grows, one fsync each: the predicted ratio climbs towards 1
     assert curve.ratio(0.0001) < curve.ratio(0.002) < curve.ratio(0.01) < 1.0
     assert curve.ratio(0.002, "each") < 1.0
+    assert (curve.messages, curve.slices) == (60, 10)
+    for point in curve.points:  # each slice's ratio kept: the spread the figure comes from
+        assert len(point.slice_ratios) == curve.slices and min(point.slice_ratios) > 0
+        assert min(point.slice_ratios) - 1e-9 <= point.ratio <= max(point.slice_ratios) + 1e-9
     figure = flushcurve.plot_flush_curve(curve)
     assert len(figure.axes) == 2
     import matplotlib.pyplot as plt

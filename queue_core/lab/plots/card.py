@@ -121,9 +121,9 @@ ROWS: dict[str, Row] = {
     "fail": _fenced("one write", "`leased → ready` after a backoff of 1 s, then 2 s; `→ dead` "
                     "when `permanent` or on the last attempt (journal reason "
                     "`attempts_exhausted`); `code` kept as `last_error`"),
-    "redrive": Row("one write", "the message exists and is `dead`",
+    "redrive": Row("one write", "the id is an event id; the message exists and is `dead`",
                    "`dead → ready`, `attempts = 0`, `generation` kept",
-                   (UNKNOWN, ("NotRedrivable", ("not_redrivable",)))),
+                   (UNKNOWN, ("NotRedrivable", ("not_redrivable", "invalid_event_id")))),
     "status": _read("counts per state, effects and money (`Status`)"),
     "metrics": _read("depth per state, age of the oldest due message, `next_due_at` (when the next "
                      "one becomes due), expired leases not yet noticed, attempts of each dead "

@@ -5,11 +5,12 @@ the rates of three workloads against flush latency (``flushcurve``), on a
 slow disk made of a fast one (``slowdisk``: every fsync delayed, and
 counted); throughput against worker processes on both stores, and what
 decides its trend on this machine (``scaling``). These measure; ``make
-bench`` compares with the peer queues.
+bench`` compares with the peer queues, and ``benchplot`` draws a run of it.
 
     from queue_core.lab.speed import measure_scaling, plot_scaling
 """
 
+from .benchplot import plot_throughput
 from .commits import consume_transactions, plot_transactions
 from .flushcurve import (describe_flush_curve, flush_curve_frame, measure_flush_curve,
                          plot_flush_curve)
@@ -19,4 +20,4 @@ from .scaling import (ScalingRow, commit_cost, describe_scaling, machine_busy, m
 __all__ = ["ScalingRow", "commit_cost", "consume_transactions", "describe_flush_curve",
            "describe_scaling", "flush_curve_frame", "machine_busy", "measure_flush_curve",
            "measure_scaling", "pg_round_trips", "plot_flush_curve", "plot_scaling",
-           "plot_transactions", "scaling_frame"]
+           "plot_throughput", "plot_transactions", "scaling_frame"]

@@ -70,12 +70,14 @@ class Cost:
 
 @dataclass(frozen=True)
 class Point:
-    """One measured run: its flush latency and each workload's measured rate."""
+    """One measured run: its flush latency, each workload's measured rate, and the
+    worker loop's ratio to raw commits in each of its slices (its spread)."""
 
     label: str
     flush_s: float
     rates: dict[str, float]
     fsyncs: dict[str, float | None]
+    slice_ratios: tuple[float, ...] = ()  # the worker loop over raw commits, slice by slice
 
     @property
     def ratio(self) -> float:
@@ -92,6 +94,8 @@ class FlushCurve:
     points: tuple[Point, ...]
     delay_s: float            # the shim's added delay
     skipped: str | None       # why the slow-disk point is missing, if it is
+    messages: int = 0         # messages of each workload per run, all slices together
+    slices: int = 0           # alternating slices per run
 
     def ratio(self, flush_s: float, workload: str = "consume", over: str = "raw") -> float:
         """Predicted rate of ``workload`` over ``over``'s at flush latency ``flush_s``."""
@@ -132,6 +136,7 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
     conn.execute("PRAGMA synchronous = FULL")
     per_slice = messages // slices
     totals = {name: {"wall_s": 0.0, "cpu_s": 0.0, "flushes": 0} for name in WORKLOADS}
+    walls: dict[str, list[float]] = {name: [] for name in WORKLOADS}  # slice by slice
     held: list[Any] = []  # the lease the worker loop's last ACK claimed: the next slice goes on
 
     def consume() -> None:  # drain's steady state: each ACK claims the next message
@@ -152,7 +157,9 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
     with queue.session():
         for _ in range(slices):
             for name, work in (("consume", consume), ("each", each), ("raw", commits)):
-                for key, value in _timed(work).items():
+                timed = _timed(work)
+                walls[name].append(timed["wall_s"] or 0.0)
+                for key, value in timed.items():
                     totals[name][key] = None if value is None or totals[name][key] is None \
                         else totals[name][key] + value
         finish(queue, held.pop(), handler)  # not measured: the last lease, acknowledged
@@ -164,7 +171,8 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
     raw = totals["raw"]
     flush_s = ((raw["wall_s"] - raw["cpu_s"]) / raw["flushes"] if raw["flushes"]
                else flush_latency(folder))
-    return {"messages": per_slice * slices, "flush_s": flush_s, **totals}
+    return {"messages": per_slice * slices, "slices": slices, "flush_s": flush_s,
+            "walls": walls, **totals}
 
 
 def _orders(first: int, end: int) -> str:
@@ -220,14 +228,16 @@ def measure_flush_curve(messages: int = 300, delay_us: int = DELAY_US) -> FlushC
     first = runs[0][1]
     costs = {name: Cost(name, first[name]["cpu_s"] / first["messages"], points[0].fsyncs[name])
              for name in WORKLOADS}
-    return FlushCurve(costs, points, delay_us / 1e6, skipped)
+    return FlushCurve(costs, points, delay_us / 1e6, skipped, first["messages"], first["slices"])
 
 
 def _point(label: str, run: dict[str, Any]) -> Point:
     n = run["messages"]
     return Point(label, run["flush_s"], {name: n / run[name]["wall_s"] for name in WORKLOADS},
                  {name: None if run[name]["flushes"] is None else run[name]["flushes"] / n
-                  for name in WORKLOADS})
+                  for name in WORKLOADS},
+                 tuple(raw / consume for consume, raw in zip(run["walls"]["consume"],
+                                                             run["walls"]["raw"])))
 
 
 def flush_curve_frame(curve: FlushCurve,

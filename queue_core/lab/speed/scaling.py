@@ -187,8 +187,14 @@ def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) ->
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
-def machine_busy(seconds: float = 0.3) -> float | None:
-    """How busy all cores are while this process sleeps: other programs' share."""
+BUSY_SAMPLE_S = 0.3  # how long ``machine_busy`` watches the cores by default
+
+
+def machine_busy(seconds: float = BUSY_SAMPLE_S) -> float | None:
+    """How busy all cores are while this process sleeps: other programs' share
+    of all the cores' time over ``seconds`` (``busy_share``: busy ticks of every
+    core over all ticks, from ``/proc/stat``; ``steal``, the time a virtual
+    machine's host took back, counts as busy); ``None`` where it cannot be read."""
     before = cpu_ticks()
     time.sleep(seconds)
     return busy_share(before, cpu_ticks())
@@ -316,8 +322,7 @@ def describe_scaling(rows: Sequence[ScalingRow], *, cores: int | None,
     ``rows``: 1, 2 and 4 workers per store, as ``measure_scaling`` runs them."""
     said = [f"This machine has {cores or 'an unknown number of'} CPU cores; "
             + ("how busy other programs kept them is not measured on this system."
-               if background is None else
-               f"before the runs, other programs kept them {background:.0%} busy.")]
+               if background is None else _background(background, cores))]
     rates = {(r.store, r.workers): r for r in rows}
     for store in dict.fromkeys(r.store for r in rows):
         one, two, four = (rates[store, n].per_second for n in (1, 2, 4))
@@ -336,6 +341,19 @@ def describe_scaling(rows: Sequence[ScalingRow], *, cores: int | None,
                                   costs["postgres"])
     return "\n".join(textwrap.fill(line, 100, subsequent_indent="  " if line[0] == " " else "")
                      for line in said)
+
+
+def _background(background: float, cores: int | None) -> str:
+    """What ``machine_busy`` measured, how, and what it means for the rates after it
+    (``background`` as ``machine_busy`` measures it by default)."""
+    share = "" if not cores else f", the work of about {background * cores:.1f} of the {cores} cores"
+    return (f"before the runs, other programs kept them {background:.0%} busy: for "
+            f"{BUSY_SAMPLE_S:g} s, while the measuring process slept, the kernel counted that "
+            "share of all the cores' time as busy (/proc/stat, time a virtual machine's host took "
+            f"back included){share}. The workers below share the cores with whatever keeps "
+            "running, so the busier they are, the more of each run's time is waiting for a core, "
+            "which the rates cannot tell apart from the queue's own work; the table's column "
+            "\"cores busy\" counts every program during each run, the workers included.")
 
 
 NOISY = ("On a machine whose cores other programs keep busy, each process also waits for its "

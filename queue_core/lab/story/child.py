@@ -23,7 +23,7 @@ from ...crashpoints import CRASH_EXIT_CODE, arm
 from ...handler import Handler
 from ...values import Effect, Outcome
 from ...queue import Queue
-from ...worker import drain, finish, process_one
+from ...worker import drain, finish_and_claim, process_one
 from .contrasts import protocol
 from .faults import FlakyHandler
 
@@ -71,7 +71,8 @@ def run_child(db_path: str | os.PathLike[str], *, now: int | None = None,
     there until ``open_gate`` lets all the waiting children go at once.
     ``work_ms`` is real time a ``drain`` worker spends on each message between
     its claim and its ACK, outside any transaction, as a handler that reads,
-    computes or calls out would (one message at a time).
+    computes or calls out would (one message at a time); the loop stays
+    ``drain``'s, each ACK claiming the next message.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -181,12 +182,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _drain_working(queue: Queue, handler: Handler, seconds: float) -> None:
-    """``drain``, with ``seconds`` of work per message between its claim and its
-    ACK: the write lock is free meanwhile, so other workers claim and commit."""
+    """``drain``'s loop, with ``seconds`` of work on each message between the
+    commit that claimed it and its ACK, outside any transaction.
+
+    The steps are ``drain``'s own (one claim, then each ACK claims the next
+    message: ``finish_and_claim``, one transaction per message, as in
+    ``queue-core work``); only the work is added, where a handler that reads,
+    computes or calls out does it. ``drain`` itself cannot hold it: its
+    handler runs inside the ACK's transaction, holding the write lock. The
+    lock is free while a worker works, so the others ACK and claim meanwhile.
+    """
     with queue.session():
-        while (lease := queue.claim()) is not None:
+        lease = queue.claim()
+        while lease is not None:
             time.sleep(seconds)
-            _report(finish(queue, lease, handler))
+            outcome, lease = finish_and_claim(queue, lease, handler)
+            _report(outcome)
 
 
 if __name__ == "__main__":
