@@ -39,6 +39,7 @@ from .ingest import read_batch
 from .queue import Queue
 from .storage import roll_back_hot_journal
 from .stores import is_connection_string, open_store
+from .values import Lease
 from .worker import drain
 
 DEFAULT_DB = "queue.sqlite3"
@@ -308,29 +309,62 @@ def _options_among(tokens: list[str], owner: argparse.ArgumentParser
 
 def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) -> int:
     """Drain; Ctrl-C or SIGTERM ends the loop once the current message is settled."""
+    lost: list[tuple[Lease, QueueError]] = []
+
+    def given_back(lease: Lease, why: QueueError | None) -> None:
+        if why is not None:
+            lost.append((lease, why))
+
     # The last line's metrics are read on drain's connection: read on one of
     # their own, they would be the last to close, and read-only.
     with _closing_last(queue), _StopRequest() as stop:
         outcomes = drain(queue, handler, batch_size=batch_size, stop=stop.requested,
-                         max_messages=limit, on_outcome=lambda outcome: _say(str(outcome)))
+                         max_messages=limit, on_given_back=given_back,
+                         on_outcome=lambda outcome: stop.say(str(outcome)))
         if stop.signal is None:
             _say(work_summary(queue.metrics(), len(outcomes), limit))
             return 0
     print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
-          "every finished message is committed: run work again to go on", file=sys.stderr)
+          f"every finished message is committed{_already_lost(lost)}: run work again to go on",
+          file=sys.stderr)
     return EXIT_SIGNAL[stop.signal]
+
+
+def _already_lost(lost: list[tuple[Lease, QueueError]]) -> str:
+    """What the stop line says of a message claimed ahead that was lost before it
+    could be given back: no error of the stop, since its deadline had passed."""
+    return "".join(f"; {lease.event_id}, claimed ahead, was already lost ({why.code}: its "
+                   "lease had run out while this worker was held up, and "
+                   + ("another worker has claimed it since" if why.code == "stale_generation"
+                      else "a claim has recovered it") + "), so there was nothing to give back"
+                   for lease, why in lost)
 
 
 class _StopRequest:
     """While entered, SIGINT and SIGTERM only note a request that the worker
-    loop reads between messages, so no message is left half-done by them."""
+    loop reads between messages, so no message is left half-done by them.
+
+    A reader that stalls (``work | less``, left unread) cannot hold a stop
+    up: a signal that arrives while a line is being written points standard
+    output at ``/dev/null``, so the blocked write ends (what the reader has
+    not yet taken of that line is dropped) and the loop sees the request.
+    """
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._writing = False
 
     def requested(self) -> bool:
         return self.signal is not None
+
+    def say(self, text: str) -> None:
+        """``_say``, during which a stop silences the output instead of waiting for it."""
+        self._writing = True
+        try:
+            _say(text)
+        finally:
+            self._writing = False
 
     def __enter__(self) -> "_StopRequest":
         self._previous = {signum: signal.signal(signum, self._note) for signum in EXIT_SIGNAL}
@@ -338,6 +372,8 @@ class _StopRequest:
 
     def _note(self, signum: int, frame: Any) -> None:
         self.signal = self.signal or signum
+        if self._writing:  # a write interrupted by this signal is retried on the same fd
+            _silence_stdout()
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
