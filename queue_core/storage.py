@@ -149,29 +149,56 @@ def roll_back_hot_journal(path: str | os.PathLike[str]) -> None:
     as every reader must see them anyway); a read-only connection cannot,
     and fails (``attempt to write a readonly database``). So a reader does
     what SQLite does for every writer, holding the exclusive lock only for
-    the rollback, and creates no file. Where this process may not write,
-    ``UnusableFile("hot_journal")`` says so, and nothing is touched. Without a
-    ``-journal`` file beside an existing file there is nothing to do.
+    the rollback, and creates no file.
+
+    A rollback writes the file, reads and writes the journal and deletes it
+    from the folder. SQLite does not ask first: where it may write the file
+    but not delete the journal, it copies the pages back, then fails
+    (``disk I/O error``) and leaves the journal hot; where it may not write
+    the journal, it fails (``unable to open database file``). So this
+    process's permissions are asked first: where it may not do all of it,
+    ``UnusableFile("hot_journal")`` says what to run, and not a byte is
+    touched. Without a ``-journal`` file beside an existing file there is
+    nothing to do.
     """
     name = Path(path).resolve().as_posix()
-    if not (os.path.isfile(name) and os.path.exists(f"{name}-journal")):
+    journal = f"{name}-journal"
+    if not (os.path.isfile(name) and os.path.exists(journal)):
         return  # only a rollback journal can be hot; a missing file stays missing
-    for mode in ("ro", "rw"):  # "rw" never creates a file; only SQLite's own rollback writes
-        conn = sqlite3.connect(f"file:{quote(name)}?mode={mode}", uri=True,
-                               timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
-        try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return  # no hot journal (any longer): a live writer's, or rolled back just now
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode != SQLITE_READONLY_ROLLBACK:
-                raise
-        finally:
-            conn.close()
-    raise UnusableFile("hot_journal", f"{os.fspath(path)}: a writer died mid-transaction and "
-                       f"left {os.path.basename(name)}-journal, which must be rolled back "
-                       "before anything can be read, and this process may not write there: "
-                       "run the same command once as a user who can write to the file and "
-                       "its folder")
+    if _hot_journal_probe(name, "ro"):
+        return  # no hot journal: a live writer's, or none at all
+    if not (_access(name, os.R_OK | os.W_OK) and _access(journal, os.R_OK | os.W_OK)
+            and _access(os.path.dirname(name), os.W_OK | os.X_OK)):
+        raise UnusableFile("hot_journal", f"{os.fspath(path)}: a writer died mid-transaction "
+                           f"and left {os.path.basename(journal)}, which must be rolled back "
+                           "before anything can be read, and this process may not do that "
+                           "(write the file and the journal, and delete the journal from the "
+                           "folder): run the same command once as a user who can write to "
+                           "the file, its journal and its folder")
+    _hot_journal_probe(name, "rw")  # "rw" never creates a file; only SQLite's rollback writes
+
+
+def _hot_journal_probe(name: str, mode: str) -> bool:
+    """Read the file's schema through a ``mode`` connection: ``True`` if that
+    worked (at ``rw``: after SQLite rolled the journal back), ``False`` if a
+    read-only connection met a hot journal."""
+    conn = sqlite3.connect(f"file:{quote(name)}?mode={mode}", uri=True,
+                           timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return True
+    except sqlite3.OperationalError as exc:
+        if mode == "ro" and exc.sqlite_errorcode == SQLITE_READONLY_ROLLBACK:
+            return False
+        raise
+    finally:
+        conn.close()
+
+
+def _access(target: str, mode: int) -> bool:
+    if os.access in os.supports_effective_ids:
+        return os.access(target, mode, effective_ids=True)
+    return os.access(target, mode)
 
 
 class transaction:  # noqa: N801 - used like a function: ``with transaction(conn):``
