@@ -27,7 +27,7 @@ import os
 import signal
 import sqlite3
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator, Sequence
 
 from . import __version__
@@ -37,7 +37,7 @@ from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue
-from .storage import roll_back_hot_journal
+from .storage import may_write, roll_back_hot_journal
 from .stores import is_connection_string, open_store
 from .values import Lease
 from .worker import drain
@@ -167,6 +167,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     # A rejected batch must leave no trace, not even a new empty database file.
     batch = read_batch(args.file) if args.command == "enqueue" else None
+    reading = args.command in READING_COMMANDS
     if not is_connection_string(args.db):
         _require_folder(args.db)
         # Before the file's header is checked: a writer killed during COMMIT leaves a
@@ -182,8 +183,12 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "work":
         return _work(queue, Handler().supporting(*args.accept), args.batch_size,
                      args.max_messages)
-    elif args.command in READING_COMMANDS:
-        with _closing_last(queue, query_only=True):
+    elif reading:
+        # Where it may write, on a connection that may (it removes what a killed writer
+        # left); elsewhere each read leaves the folder as it found it (``storage.read``).
+        closing = _closing_last(queue, query_only=True) \
+            if is_connection_string(args.db) or may_write(args.db) else nullcontext()
+        with closing:
             lines = status_lines(queue.status(), as_json=args.json) if args.command == "status" \
                 else metrics_lines(queue.metrics(), as_json=args.json,
                                    model_time=args.now is not None)

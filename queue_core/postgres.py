@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from types import TracebackType
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 import psycopg
@@ -44,6 +44,7 @@ from .storage import APPLICATION_ID, SCHEMA_VERSION
 from .transitions import JOURNAL_COLUMNS, write_journal
 
 CONNECT_TIMEOUT_SECONDS = 10
+T = TypeVar("T")
 META_TABLE = "queue_core_meta"
 
 # The SQLite schema's meaning, constraint for constraint, in PostgreSQL's words.
@@ -297,6 +298,14 @@ class PostgresStore:
 
     def connect_readonly(self) -> PgConnection:
         return self.connect()
+
+    def read(self, body: Callable[[PgConnection], T]) -> T:
+        conn = self.connect_readonly()
+        try:
+            with self.read_transaction(conn):
+                return body(conn)
+        finally:
+            conn.close()
 
     def transaction(self, conn: PgConnection, *, relaxed: bool = False) -> pg_transaction:
         # ``relaxed`` is ignored: see the module's note on durability.

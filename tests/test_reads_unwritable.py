@@ -21,7 +21,9 @@ from typing import Callable
 import pytest
 
 from conftest import DATA, ROOT
+from observe import expect, ledger
 from queue_core import Handler, ModelClock, Queue, drain
+from queue_core.audit import findings
 
 BEFORE = {"states": {"ready": 3, "leased": 0, "done": 1, "dead": 0}, "effects": 1,
           "totals": {"book": 10000}, "total": 10000}
@@ -106,6 +108,75 @@ def read_only_file(db: Path) -> None:
 
 def read_only_folder(db: Path) -> None:
     db.parent.chmod(0o555)
+
+
+def another_users_file_and_folder(db: Path) -> None:
+    os.chown(db, NOBODY, NOBODY)
+    os.chown(db.parent, NOBODY, NOBODY)
+
+
+def read_only_wal_and_shm_beside_it(db: Path) -> None:
+    """What an earlier reader of a read-only file left: an empty -wal and a -shm,
+    both read-only to everyone but their owner."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        conn.execute("SELECT count(*) FROM messages").fetchone()
+    finally:
+        conn.close()
+    for suffix in ("-wal", "-shm"):
+        os.chown(f"{db}{suffix}", NOBODY, NOBODY)
+        os.chmod(f"{db}{suffix}", 0o444)
+
+
+UNWRITABLE: dict[str, Callable[[Path], None]] = {
+    "read-only file": read_only_file,
+    "read-only folder": read_only_folder,
+    "another user's file and folder": another_users_file_and_folder,
+    "read-only -wal and -shm": read_only_wal_and_shm_beside_it,
+}
+
+
+@pytest.mark.parametrize("case", UNWRITABLE)
+@pytest.mark.parametrize("reader", ["status", "metrics", "audit"])
+def test_a_reader_that_may_not_write_reads_and_leaves_every_byte_and_file_as_it_was(
+        queue_file: Path, case: str, reader: str) -> None:
+    db = queue_file
+    UNWRITABLE[case](db)
+    before = folder_bytes(db.parent)
+
+    result = audit_as_reader(db) if reader == "audit" else cli(db, reader, "--json")
+
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    if reader == "audit":
+        assert result.stdout == "10000 4 []\n"
+    else:
+        figures = json.loads(result.stdout)
+        assert figures["states" if reader == "status" else "depth"] == BEFORE["states"]
+    assert folder_bytes(db.parent) == before
+    # Nothing was left in the way of the file's owner: once it may write, work works.
+    restore(db.parent)
+    for suffix in ("-wal", "-shm"):  # what the case itself put there, not the reader
+        if case == "read-only -wal and -shm":
+            Path(f"{db}{suffix}").unlink()
+    worked = cli(db, "work")
+    assert (worked.returncode, worked.stderr) == (0, "")
+    assert [path.name for path in db.parent.iterdir()] == ["q.sqlite3"]
+    assert ledger(db) == expect(total=17000, effects=3, done=3, dead=1)
+    assert findings(db) == []
+
+
+def test_reading_through_the_package_leaves_no_wal_or_shm_beside_the_file(
+        queue_file: Path) -> None:
+    """Where the reader may write too: SQLite's read-only connection, closing last,
+    would leave the -wal and -shm it made."""
+    db = queue_file
+    queue = Queue(db, clock=ModelClock(1000), create=False)
+
+    assert queue.status().total == 10000
+    assert len(queue.messages()) == 4 and len(queue.transitions()) == 6
+    assert findings(db) == []
+
+    assert [path.name for path in db.parent.iterdir()] == ["q.sqlite3"]
 
 
 # -- a hot journal that this reader may not roll back -------------------------------------
