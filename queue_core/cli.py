@@ -37,7 +37,7 @@ from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue
-from .storage import may_write, roll_back_hot_journal
+from .storage import may_write, roll_back_hot_journal, unwritable
 from .stores import is_connection_string, open_store
 from .values import Lease
 from .worker import drain
@@ -170,6 +170,12 @@ def _run(args: argparse.Namespace) -> int:
     reading = args.command in READING_COMMANDS
     if not is_connection_string(args.db):
         _require_folder(args.db)
+        if not reading and (args.command == "enqueue" or os.path.exists(args.db)):
+            # SQLite would open a file it may not write read-only, silently, make
+            # the -wal and -shm it then cannot remove, and fail at the first write.
+            refused = unwritable(args.db)
+            if refused is not None:
+                raise refused
         # Before the file's header is checked: a writer killed during COMMIT leaves a
         # header that counts pages not yet written, which would read as a truncated file.
         roll_back_hot_journal(args.db)

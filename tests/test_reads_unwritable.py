@@ -1,4 +1,5 @@
-"""A reading command leaves the folder as it found it, on any file it can read.
+"""A reading command leaves the folder as it found it, on any file it can read;
+a writing command that may not write says so and touches nothing.
 
 Every case is run by a user without write permission: as root here, whom
 file modes do not stop, the command runs with every capability dropped
@@ -163,6 +164,44 @@ def test_a_reader_that_may_not_write_reads_and_leaves_every_byte_and_file_as_it_
     assert [path.name for path in db.parent.iterdir()] == ["q.sqlite3"]
     assert ledger(db) == expect(total=17000, effects=3, done=3, dead=1)
     assert findings(db) == []
+
+
+@pytest.mark.parametrize("case", UNWRITABLE)
+@pytest.mark.parametrize("args", [["work"], ["redrive", "E0004"],
+                                  ["enqueue", str(DATA / "twenty.jsonl")]],
+                         ids=["work", "redrive", "enqueue"])
+def test_a_writing_command_that_may_not_write_refuses_with_one_line_and_touches_nothing(
+        queue_file: Path, case: str, args: list[str]) -> None:
+    db = queue_file
+    UNWRITABLE[case](db)
+    before = folder_bytes(db.parent)
+    in_the_way = {"read-only file": db, "read-only folder": db.parent,
+                  "another user's file and folder": db,
+                  "read-only -wal and -shm": Path(f"{db}-wal")}[case]
+
+    result = cli(db, *args)
+
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith(f"error: os_error: {in_the_way}: Permission denied (this "
+                                    "user may not write ")
+    assert result.stderr.endswith(", which this command must)\n")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert folder_bytes(db.parent) == before
+
+
+def test_enqueue_into_a_folder_it_may_not_write_creates_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "queue"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        result = cli(folder / "q.sqlite3", "enqueue", str(DATA / "demo.jsonl"))
+    finally:
+        folder.chmod(0o755)
+
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"error: os_error: {folder}: Permission denied (this user may "
+                             "not write the file's folder, which this command must)\n")
+    assert list(folder.iterdir()) == []
 
 
 def test_reading_through_the_package_leaves_no_wal_or_shm_beside_the_file(
