@@ -192,10 +192,13 @@ class pg_transaction:  # noqa: N801 - used like a function, as storage.transacti
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         if exc_type is None:
-            self.conn.execute("COMMIT")
             try:
+                # Sending the COMMIT may already raise: in pipeline mode it also
+                # reads the results that have arrived, such as a lost connection's.
+                self.conn.execute("COMMIT")
                 self._end_pipeline(failed=False)  # waits for every result, the COMMIT's too
             except BaseException:
+                self._end_pipeline(failed=True)
                 self._roll_back()
                 raise
             return
@@ -203,7 +206,17 @@ class pg_transaction:  # noqa: N801 - used like a function, as storage.transacti
         self._roll_back()  # the exception propagates: __exit__ returns None
 
     def _end_pipeline(self, *, failed: bool) -> None:
+        """Leave pipeline mode, on every path, once.
+
+        The pipeline is left here, never by the garbage collector: psycopg's
+        ``Pipeline`` left open on a connection that broke would be closed
+        whenever the collector next runs, and would then log
+        ``error ignored terminating <psycopg.Pipeline [BAD] ...>`` to
+        standard error, beside the one line the command prints.
+        """
         pipeline, self._pipeline = self._pipeline, None
+        if pipeline is None:  # already left: the COMMIT's own end raised
+            return
         if not failed:
             pipeline.__exit__(None, None, None)
             return
