@@ -31,7 +31,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator, Sequence
 
 from . import __version__
-from .cli_text import metrics_lines, status_lines, work_summary
+from .cli_text import CONNECTION_LOST_OUTCOME, metrics_lines, status_lines, work_summary
 from .clock import Clock, ModelClock, SystemClock
 from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
@@ -136,8 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if _is_connection_lost(exc):
             print(f"error: connection_lost: {open_store(args.db).describe()}: {_one_line(exc)}; "
-                  "every message reported done is committed, the one in flight was rolled back "
-                  "by the server: run the command again", file=sys.stderr)
+                  f"{CONNECTION_LOST_OUTCOME}", file=sys.stderr)
             return EXIT_OPERATIONAL
         where = open_store(args.db).describe() if is_connection_string(args.db) else args.db
         print(f"error: database_error: {where}: {_one_line(exc)}", file=sys.stderr)
