@@ -9,14 +9,16 @@ starts with ``misplaced_option:`` for an option on the wrong side of the
 command, ``--db``/``--now`` after it or the command's own option before it,
 and with ``unused_option:`` for ``--db``/``--now`` given to ``demo``); 1 for
 an operational error (a file that is not the queue's, a missing queue file
-for any command but ``enqueue``: ``no_queue_file``, a missing folder:
+for any command but ``enqueue``: ``no_queue_file``, a missing folder, or a
+file, folder, ``-wal`` or ``-shm`` that a writing command may not write:
 ``os_error``, an unusable database, output that cannot be written, a
 PostgreSQL server that went away mid-command: ``connection_lost``), with
 ``error: CODE: explanation`` on one line; 130 or 143 when ``work`` was
 stopped by Ctrl-C or SIGTERM after finishing its current message; 141 when
 the reader of the output went away (``work | head -1``). Only ``enqueue``
 creates a queue file; a command that ends where it may write leaves no
-``-wal`` or ``-shm`` file behind, unless another connection has the file open.
+``-wal`` or ``-shm`` file behind, unless another connection has the file open,
+and a reading command where it may not write leaves the folder as it was.
 """
 
 from __future__ import annotations
