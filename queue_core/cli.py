@@ -224,10 +224,12 @@ def _closing_last(queue: Queue, *, query_only: bool = False) -> Iterator[None]:
 
     SQLite removes the ``-wal`` and ``-shm`` files beside a queue file when
     the last connection to it closes, but only if that connection may write:
-    one opened read-only (``mode=ro``, as a reading call opens on its own)
-    leaves them behind. With ``query_only`` no statement on it can write;
-    closing last, it does what every last connection does: it copies into
-    the file what a killed writer committed to the WAL, then removes both.
+    one opened read-only (``mode=ro``) leaves them behind. With
+    ``query_only`` no statement on it can write; closing last, it does what
+    every last connection does: it copies into the file what a killed
+    writer committed to the WAL, then removes both. (Where this user may not
+    write, a reading command opens no session: each read then leaves the
+    folder as it found it, ``storage.read``.)
     """
     with queue.session():
         if query_only and isinstance(queue.connection, sqlite3.Connection):

@@ -241,3 +241,50 @@ def test_a_message_taken_over_while_the_worker_was_held_up_is_named_already_lost
                                   ("claimed", 2), ("completed", 2)]
     assert ledger(db) == expect(total=sum(a for _, _, a in events), effects=300, done=300)
     finish_and_check(db, events)
+
+
+def test_on_postgresql_a_signal_to_a_worker_blocked_past_the_deadline_gives_the_lease_back(
+        pg_dsn: str, tmp_path: Path, worker: list[subprocess.Popen[bytes]]) -> None:
+    """The same stop on the other store, where the server's clock judges the deadline."""
+    import psycopg
+
+    from queue_core import Queue, audit
+
+    events = books(300)
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps({"event_id": e, "payload": {
+        "category": c, "amount_cents": a}}) + "\n" for e, c, a in events))
+    subprocess.run([sys.executable, "-m", "queue_core", "--db", pg_dsn, "enqueue", str(batch)],
+                   check=True, capture_output=True)
+    read_end, write_end = small_pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "queue_core", "--db", pg_dsn, "work",
+                             "--lease-seconds", "2"], stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
+    worker.append(proc)
+    wait_for(lambda: blocked_writing(proc), "the worker to block on its stalled reader")
+    [ahead] = [m for m in audit.snapshot(pg_dsn).messages.values() if m.state == "leased"]
+    with psycopg.connect(pg_dsn) as conn:
+        def server_now() -> int:
+            return int(conn.execute("SELECT floor(extract(epoch FROM clock_timestamp()))"
+                                    "::bigint").fetchone()[0])
+        wait_for(lambda: server_now() >= ahead.lease_until, "the lease to run out")
+
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=WAIT_SECONDS)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    os.close(read_end)
+
+    assert proc.returncode == 143, err
+    assert err.startswith("stopped by SIGTERM after ") and err.count("\n") == 1
+    queue = Queue(pg_dsn)
+    assert [(t.reason, t.attempts) for t in queue.transitions(ahead.event_id)][-2:] == [
+        ("claimed", 1), ("released", 0)]
+    snap = audit.snapshot(pg_dsn)
+    assert audit.check(snap) == [] and snap.status.states["leased"] == 0
+    done = subprocess.run([sys.executable, "-m", "queue_core", "--db", pg_dsn, "work"],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    final = audit.snapshot(pg_dsn)
+    assert audit.check(final) == []
+    assert (final.status.states["done"], final.status.effects, final.money) == (
+        300, 300, sum(a for _, _, a in events))
