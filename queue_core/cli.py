@@ -336,7 +336,7 @@ def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) ->
                          max_messages=limit, on_given_back=given_back,
                          on_outcome=lambda outcome: stop.say(str(outcome)))
         if stop.signal is None:
-            _say(work_summary(queue.metrics(), len(outcomes), limit))
+            stop.say(work_summary(queue.metrics(), len(outcomes), limit))
             return 0
     print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
           f"every finished message is committed{_already_lost(lost)}: run work again to go on",
