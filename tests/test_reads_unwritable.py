@@ -269,3 +269,28 @@ def test_a_hot_journal_this_reader_may_not_roll_back_is_refused_and_no_page_rewr
     assert (recovered.returncode, json.loads(recovered.stdout)) == (0, BEFORE)
     assert hashlib.sha256(db.read_bytes()).hexdigest() == committed
     assert [path.name for path in db.parent.iterdir()] == ["q.sqlite3"]
+
+
+def test_a_writer_that_comes_during_an_immutable_read_makes_it_read_again_through_the_wal(
+        queue_file: Path) -> None:
+    """``immutable=1`` is safe only while nobody writes the file: a read that finds a
+    ``-wal`` when it ends drops its figures and reads again, through that ``-wal``;
+    and the writer, closing meanwhile, could not checkpoint under the read."""
+    from queue_core.storage import read
+
+    db = queue_file
+    calls: list[int] = []
+
+    def body(conn: sqlite3.Connection) -> int:
+        count = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+        if not calls:  # a writer comes, commits and goes while the first read runs
+            queue = Queue(db, clock=ModelClock(1000))
+            queue.enqueue_jsonl(json.dumps({"event_id": "E0009", "payload": {
+                "category": "pen", "amount_cents": 5}}))
+            assert Path(f"{db}-wal").exists()  # its closing checkpoint could not run
+        calls.append(count)
+        return count
+
+    assert read(db, body) == 5
+    assert calls == [4, 5]
+    assert findings(db) == []
