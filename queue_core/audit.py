@@ -185,25 +185,25 @@ def read_journal(conn: sqlite3.Connection, event_id: str | None = None) -> list[
 def snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Read every stored fact of the queue file ``path`` in ONE read transaction.
 
-    Opens the file read-only: a snapshot never creates a file, never
-    recovers a lease and never takes the write lock, except for SQLite's own
-    rollback of a hot journal (``storage.roll_back_hot_journal``). ``path`` may be a
-    ``postgresql://`` connection string: then the read is one ``REPEATABLE
-    READ READ ONLY`` transaction, one snapshot of the whole database.
+    Reads through ``Store.read``: a snapshot writes nothing, leaves the
+    file's folder as it found it (no ``-wal`` or ``-shm`` made, none left),
+    never recovers a lease and never takes the write lock, except for
+    SQLite's own rollback of a hot journal (``storage.roll_back_hot_journal``).
+    ``path`` may be a ``postgresql://`` connection string: then the read is
+    one ``REPEATABLE READ READ ONLY`` transaction, one snapshot of the whole
+    database.
     """
     store = open_store(path)
-    conn = store.connect_readonly()
-    try:
-        with store.read_transaction(conn):
-            integrity, foreign_keys = store.self_checks(conn)
-            return Snapshot(
-                status=read_status(conn),
-                messages={m.event_id: m for m in read_messages(conn)},
-                effect_rows=tuple(read_effects(conn)),
-                journal=tuple(read_journal(conn)),
-                integrity=integrity, foreign_keys=foreign_keys)
-    finally:
-        conn.close()
+
+    def read(conn: Any) -> Snapshot:
+        integrity, foreign_keys = store.self_checks(conn)
+        return Snapshot(
+            status=read_status(conn),
+            messages={m.event_id: m for m in read_messages(conn)},
+            effect_rows=tuple(read_effects(conn)),
+            journal=tuple(read_journal(conn)),
+            integrity=integrity, foreign_keys=foreign_keys)
+    return store.read(read)
 
 
 # -- checking ---------------------------------------------------------------------------

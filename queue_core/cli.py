@@ -12,14 +12,16 @@ with ``unknown_option:`` for an option its side does not have, shown with the
 usage of the parser that would have taken it and the closest option there is,
 and with ``unused_option:`` for ``--db``/``--now`` given to ``demo``); 1 for
 an operational error (a file that is not the queue's, a missing queue file
-for any command but ``enqueue``: ``no_queue_file``, a missing folder:
+for any command but ``enqueue``: ``no_queue_file``, a missing folder, or a
+file, folder, ``-wal`` or ``-shm`` that a writing command may not write:
 ``os_error``, an unusable database, output that cannot be written, a
 PostgreSQL server that went away mid-command: ``connection_lost``), with
 ``error: CODE: explanation`` on one line; 130 or 143 when ``work`` was
 stopped by Ctrl-C or SIGTERM after finishing its current message; 141 when
 the reader of the output went away (``work | head -1``). Only ``enqueue``
 creates a queue file; a command that ends where it may write leaves no
-``-wal`` or ``-shm`` file behind, unless another connection has the file open.
+``-wal`` or ``-shm`` file behind, unless another connection has the file open,
+and a reading command where it may not write leaves the folder as it was.
 """
 
 from __future__ import annotations
@@ -32,18 +34,19 @@ import re
 import signal
 import sqlite3
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator, Sequence
 
 from . import __version__
-from .cli_text import metrics_lines, status_lines, work_summary
+from .cli_text import CONNECTION_LOST_OUTCOME, metrics_lines, status_lines, work_summary
 from .clock import Clock, ModelClock, SystemClock
 from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue, require_event_id
-from .storage import roll_back_hot_journal
+from .storage import may_write, roll_back_hot_journal, unwritable
 from .stores import is_connection_string, open_store
+from .values import Lease
 from .worker import drain
 
 DEFAULT_DB = "queue.sqlite3"
@@ -140,8 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if _is_connection_lost(exc):
             print(f"error: connection_lost: {open_store(args.db).describe()}: {_one_line(exc)}; "
-                  "every message reported done is committed, the one in flight was rolled back "
-                  "by the server: run the command again", file=sys.stderr)
+                  f"{CONNECTION_LOST_OUTCOME}", file=sys.stderr)
             return EXIT_OPERATIONAL
         where = open_store(args.db).describe() if is_connection_string(args.db) else args.db
         print(f"error: database_error: {where}: {_one_line(exc)}", file=sys.stderr)
@@ -179,8 +181,15 @@ def _run(args: argparse.Namespace) -> int:
     batch = read_batch(args.file) if args.command == "enqueue" else None
     if args.command == "redrive":  # refused input, before any file or server is looked at
         require_event_id(args.event_id)
+    reading = args.command in READING_COMMANDS
     if not is_connection_string(args.db):
         _require_folder(args.db)
+        if not reading and (args.command == "enqueue" or os.path.exists(args.db)):
+            # SQLite would open a file it may not write read-only, silently, make
+            # the -wal and -shm it then cannot remove, and fail at the first write.
+            refused = unwritable(args.db)
+            if refused is not None:
+                raise refused
         # Before the file's header is checked: a writer killed during COMMIT leaves a
         # header that counts pages not yet written, which would read as a truncated file.
         roll_back_hot_journal(args.db)
@@ -194,8 +203,12 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "work":
         return _work(queue, Handler().supporting(*args.accept), args.batch_size,
                      args.max_messages)
-    elif args.command in READING_COMMANDS:
-        with _closing_last(queue, query_only=True):
+    elif reading:
+        # Where it may write, on a connection that may (it removes what a killed writer
+        # left); elsewhere each read leaves the folder as it found it (``storage.read``).
+        closing = _closing_last(queue, query_only=True) \
+            if is_connection_string(args.db) or may_write(args.db) else nullcontext()
+        with closing:
             lines = status_lines(queue.status(), as_json=args.json) if args.command == "status" \
                 else metrics_lines(queue.metrics(), as_json=args.json,
                                    model_time=args.now is not None)
@@ -224,10 +237,12 @@ def _closing_last(queue: Queue, *, query_only: bool = False) -> Iterator[None]:
 
     SQLite removes the ``-wal`` and ``-shm`` files beside a queue file when
     the last connection to it closes, but only if that connection may write:
-    one opened read-only (``mode=ro``, as a reading call opens on its own)
-    leaves them behind. With ``query_only`` no statement on it can write;
-    closing last, it does what every last connection does: it copies into
-    the file what a killed writer committed to the WAL, then removes both.
+    one opened read-only (``mode=ro``) leaves them behind. With
+    ``query_only`` no statement on it can write; closing last, it does what
+    every last connection does: it copies into the file what a killed
+    writer committed to the WAL, then removes both. (Where this user may not
+    write, a reading command opens no session: each read then leaves the
+    folder as it found it, ``storage.read``.)
     """
     with queue.session():
         if query_only and isinstance(queue.connection, sqlite3.Connection):
@@ -391,29 +406,62 @@ def _options_among(tokens: list[str], owner: argparse.ArgumentParser
 
 def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) -> int:
     """Drain; Ctrl-C or SIGTERM ends the loop once the current message is settled."""
+    lost: list[tuple[Lease, QueueError]] = []
+
+    def given_back(lease: Lease, why: QueueError | None) -> None:
+        if why is not None:
+            lost.append((lease, why))
+
     # The last line's metrics are read on drain's connection: read on one of
     # their own, they would be the last to close, and read-only.
     with _closing_last(queue), _StopRequest() as stop:
         outcomes = drain(queue, handler, batch_size=batch_size, stop=stop.requested,
-                         max_messages=limit, on_outcome=lambda outcome: _say(str(outcome)))
+                         max_messages=limit, on_given_back=given_back,
+                         on_outcome=lambda outcome: stop.say(str(outcome)))
         if stop.signal is None:
-            _say(work_summary(queue.metrics(), len(outcomes), limit))
+            stop.say(work_summary(queue.metrics(), len(outcomes), limit))
             return 0
     print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
-          "every finished message is committed: run work again to go on", file=sys.stderr)
+          f"every finished message is committed{_already_lost(lost)}: run work again to go on",
+          file=sys.stderr)
     return EXIT_SIGNAL[stop.signal]
+
+
+def _already_lost(lost: list[tuple[Lease, QueueError]]) -> str:
+    """What the stop line says of a message claimed ahead that was lost before it
+    could be given back: no error of the stop, since its deadline had passed."""
+    return "".join(f"; {lease.event_id}, claimed ahead, was already lost ({why.code}: its "
+                   "lease had run out while this worker was held up, and "
+                   + ("another worker has claimed it since" if why.code == "stale_generation"
+                      else "a claim has recovered it") + "), so there was nothing to give back"
+                   for lease, why in lost)
 
 
 class _StopRequest:
     """While entered, SIGINT and SIGTERM only note a request that the worker
-    loop reads between messages, so no message is left half-done by them."""
+    loop reads between messages, so no message is left half-done by them.
+
+    A reader that stalls (``work | less``, left unread) cannot hold a stop
+    up: a signal that arrives while a line is being written points standard
+    output at ``/dev/null``, so the blocked write ends (what the reader has
+    not yet taken of that line is dropped) and the loop sees the request.
+    """
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._writing = False
 
     def requested(self) -> bool:
         return self.signal is not None
+
+    def say(self, text: str) -> None:
+        """``_say``, during which a stop silences the output instead of waiting for it."""
+        self._writing = True
+        try:
+            _say(text)
+        finally:
+            self._writing = False
 
     def __enter__(self) -> "_StopRequest":
         self._previous = {signum: signal.signal(signum, self._note) for signum in EXIT_SIGNAL}
@@ -421,6 +469,8 @@ class _StopRequest:
 
     def _note(self, signum: int, frame: Any) -> None:
         self.signal = self.signal or signum
+        if self._writing:  # a write interrupted by this signal is retried on the same fd
+            _silence_stdout()
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():

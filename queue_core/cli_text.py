@@ -29,6 +29,20 @@ def work_summary(metrics: Metrics, processed: int, limit: int | None) -> str:
     return f"nothing left to claim at t={metrics.at} ({processed} processed)"
 
 
+# What ``error: connection_lost: WHERE: DETAIL; ...`` says after the detail, for a
+# PostgreSQL connection that broke under any command. Whether the transaction in
+# flight committed is unknown: its COMMIT may have been applied without the answer
+# coming back. The line says so, and why that does not matter: the effect and the
+# ACK commit together, the lease's generation fences a second ACK, and a later
+# claim recovers a lease that nobody holds any more.
+CONNECTION_LOST_OUTCOME = (
+    "every outcome reported before this line is committed; whether the transaction in "
+    "flight committed is unknown (its COMMIT may have taken effect without the answer "
+    "coming back), and the queue settles it: an effect commits only with its ACK and the "
+    "lease's generation fences a second one, so a later work finishes every message "
+    "exactly once: run the command again")
+
+
 def status_lines(status: Status, *, as_json: bool) -> list[str]:
     """``status``: states, effects, money per category and in total."""
     if as_json:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from types import TracebackType
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 import psycopg
@@ -45,6 +45,7 @@ from .storage import APPLICATION_ID, SCHEMA_VERSION
 from .transitions import JOURNAL_COLUMNS, write_journal
 
 CONNECT_TIMEOUT_SECONDS = 10
+T = TypeVar("T")
 META_TABLE = "queue_core_meta"
 
 # The SQLite schema's meaning, constraint for constraint, in PostgreSQL's words.
@@ -192,10 +193,13 @@ class pg_transaction:  # noqa: N801 - used like a function, as storage.transacti
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         if exc_type is None:
-            self.conn.execute("COMMIT")
             try:
+                # Sending the COMMIT may already raise: in pipeline mode it also
+                # reads the results that have arrived, such as a lost connection's.
+                self.conn.execute("COMMIT")
                 self._end_pipeline(failed=False)  # waits for every result, the COMMIT's too
             except BaseException:
+                self._end_pipeline(failed=True)
                 self._roll_back()
                 raise
             return
@@ -203,7 +207,17 @@ class pg_transaction:  # noqa: N801 - used like a function, as storage.transacti
         self._roll_back()  # the exception propagates: __exit__ returns None
 
     def _end_pipeline(self, *, failed: bool) -> None:
+        """Leave pipeline mode, on every path, once.
+
+        The pipeline is left here, never by the garbage collector: psycopg's
+        ``Pipeline`` left open on a connection that broke would be closed
+        whenever the collector next runs, and would then log
+        ``error ignored terminating <psycopg.Pipeline [BAD] ...>`` to
+        standard error, beside the one line the command prints.
+        """
         pipeline, self._pipeline = self._pipeline, None
+        if pipeline is None:  # already left: the COMMIT's own end raised
+            return
         if not failed:
             pipeline.__exit__(None, None, None)
             return
@@ -298,6 +312,14 @@ class PostgresStore:
 
     def connect_readonly(self) -> PgConnection:
         return self.connect()
+
+    def read(self, body: Callable[[PgConnection], T]) -> T:
+        conn = self.connect_readonly()
+        try:
+            with self.read_transaction(conn):
+                return body(conn)
+        finally:
+            conn.close()
 
     def transaction(self, conn: PgConnection, *, relaxed: bool = False) -> pg_transaction:
         # ``relaxed`` is ignored: see the module's note on durability.

@@ -261,16 +261,27 @@ class Queue(QueueAcks, QueueViews):
         """Give back a message this worker claimed but has not started: ``ready``
         again at once, in its old place in the order, the attempt not counted.
 
-        Fenced like ``complete`` (raises ``LeaseLost`` or ``UnknownEvent`` and
-        changes nothing) and journalled (``released``). The generation stays
+        Fenced by state and generation: a message that a later claim took
+        (``stale_generation``) or recovered (``not_leased``), or a lease that
+        is no longer held at all, raises ``LeaseLost`` (or ``UnknownEvent``)
+        and changes nothing. Journalled (``released``). The generation stays
         counted, so the released lease can never ACK. The worker loop uses it
         when it must stop while holding a message it claimed ahead.
+
+        Unlike the ACK, ``fail`` and ``extend``, a release is not refused
+        because the deadline has passed: until a claim recovers it, an
+        expired lease is still this generation's and nobody else's, and
+        giving it back asserts no right to the message (it writes no
+        effect and moves no deadline on). So a worker that was held up
+        past its deadline (a reader that stalled) still gives back a
+        message it never started, and that message's attempt is not
+        counted; had a claim recovered it first, the attempt would count.
         """
         _require_lease(lease)
         with self.transaction() as conn:
             now = self.clock.now()
             journal: list[tuple[Any, ...]] = []
-            if not self.store.transition(conn, RELEASE, (lease.event_id, lease.generation, now),
+            if not self.store.transition(conn, RELEASE, (lease.event_id, lease.generation),
                                          now, journal):
                 raise explain_miss(conn, lease, now)
             self.store.write_journal(conn, journal)

@@ -12,11 +12,13 @@ connection string is opened, so SQLite users never need it.
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from .storage import SqliteStore, is_connection_string
 
 __all__ = ["Store", "is_connection_string", "open_store"]
+
+T = TypeVar("T")
 
 
 class Store(Protocol):
@@ -37,6 +39,11 @@ class Store(Protocol):
     def prepare(self, *, create: bool = True) -> None: ...
     def connect(self, *, synchronous: str = "FULL") -> Any: ...
     def connect_readonly(self) -> Any: ...
+
+    def read(self, body: Callable[[Any], T]) -> T:
+        """``body(conn)`` in one read transaction on a connection of its own,
+        which writes nothing (on SQLite: and leaves the file's folder as it was)."""
+        ...
     def transaction(self, conn: Any, *, relaxed: bool = False) -> Any: ...
     def read_transaction(self, conn: Any) -> Any: ...
     def serialize_enqueue(self, conn: Any) -> None: ...

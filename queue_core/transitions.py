@@ -86,9 +86,14 @@ FAIL = ("UPDATE messages SET state = ?, lease_until = NULL, available_at = ?, "
         "attempts, CAST(? AS TEXT) AS reason")
 
 # leased -> ready, handed back untouched by its holder: due again at once, in its
-# old place, and the attempt it never made is not counted. Parameters: the guard's.
+# old place, and the attempt it never made is not counted. Its guard is the lease's
+# without the deadline: a lease past its deadline that no claim has recovered yet is
+# still this generation's, and nobody else's (a recovery makes it ready, a new claim
+# a new generation). Giving it back claims no right to the message and writes no
+# effect, so it may come late. Parameters: event_id, generation.
+HELD_UNTIL_RECOVERED = "event_id = ? AND state = 'leased' AND generation = ?"
 RELEASE = ("UPDATE messages SET state = 'ready', lease_until = NULL, attempts = attempts - 1 "
-           "WHERE " + HELD +
+           "WHERE " + HELD_UNTIL_RECOVERED +
            " RETURNING event_id, 'leased' AS from_state, 'ready' AS to_state, generation, "
            "attempts, 'released' AS reason")
 

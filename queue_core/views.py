@@ -2,23 +2,25 @@
 
 Stored values only: nothing here recovers an expired lease or changes a
 row, so looking at a queue never moves it. Each call reads in ONE read
-transaction on a read-only connection (or the open session's), so its
-figures never mix two moments, it never creates a file and it never waits
-for the write lock. The queries live in ``audit``, the one reader of stored
+transaction on a connection of its own that writes nothing and leaves the
+file's folder as it found it (``Store.read``), or on the open session's,
+so its figures never mix two moments, it never creates a file and it never
+waits for the write lock. The queries live in ``audit``, the one reader of stored
 facts. ``Queue`` inherits these.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, TypeVar
 
 from . import audit
 from .clock import Clock
 from .errors import UnknownEvent
 from .stores import Store
 from .values import Effect, Message, Metrics, Status, Transition
+
+T = TypeVar("T")
 
 
 class QueueViews:
@@ -29,54 +31,44 @@ class QueueViews:
     store: Store
     _session: sqlite3.Connection | None
 
-    @contextmanager
-    def _reading(self) -> Iterator[sqlite3.Connection]:
+    def _read(self, body: Callable[[Any], T]) -> T:
+        """``body(conn)`` in one read transaction: on the open session's
+        connection, else on one of its own that leaves the folder as it was
+        (``Store.read``)."""
         if self._session is not None:
             with self.store.read_transaction(self._session):
-                yield self._session
-            return
-        conn = self.store.connect_readonly()
-        try:
-            with self.store.read_transaction(conn):
-                yield conn
-        finally:
-            conn.close()
+                return body(self._session)
+        return self.store.read(body)
 
     def status(self) -> Status:
         """Counts per state, effects and money, as stored, at one moment; recovers nothing."""
-        with self._reading() as conn:
-            return audit.read_status(conn)
+        return self._read(audit.read_status)
 
     def metrics(self) -> Metrics:
         """Depth by state, age of the oldest due message, expired leases not yet
         recovered, and the attempts each dead message spent; recovers nothing."""
         now = self.clock.now()
-        with self._reading() as conn:
-            return audit.read_metrics(conn, now)
+        return self._read(lambda conn: audit.read_metrics(conn, now))
 
     def message(self, event_id: str) -> Message:
         """The stored row of one message; raises ``UnknownEvent``."""
-        with self._reading() as conn:
-            found = audit.read_messages(conn, event_id)
+        found = self._read(lambda conn: audit.read_messages(conn, event_id))
         if not found:
             raise UnknownEvent(f"no message {event_id}")
         return found[0]
 
     def messages(self) -> list[Message]:
         """Every stored message, in event id order."""
-        with self._reading() as conn:
-            return audit.read_messages(conn)
+        return self._read(audit.read_messages)
 
     def effects(self) -> dict[str, Effect]:
         """Every stored effect by event id."""
-        with self._reading() as conn:
-            return {row.event_id: Effect(row.category, row.amount_cents)
-                    for row in audit.read_effects(conn) if row.table == "effects"}
+        return {row.event_id: Effect(row.category, row.amount_cents)
+                for row in self._read(audit.read_effects) if row.table == "effects"}
 
     def transitions(self, event_id: str | None = None) -> list[Transition]:
         """The journal of state changes in order, for one event or all."""
-        with self._reading() as conn:
-            return audit.read_journal(conn, event_id)
+        return self._read(lambda conn: audit.read_journal(conn, event_id))
 
     def snapshot(self) -> audit.Snapshot:
         """Every stored fact at one moment (see ``queue_core.audit``)."""

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import InvalidPayload, LeaseLost, QueueError, TransientError
+from .errors import InvalidPayload, LeaseLost, QueueError, TransientError, UnknownEvent
 from .handler import Handler
 from .queue import Queue
 from .values import Effect, Lease, Outcome
+
+# What ``drain`` tells of each lease it gave back (``None``) or found already lost.
+GivenBack = Callable[[Lease, "LeaseLost | UnknownEvent | None"], None]
 
 
 def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
@@ -50,16 +53,24 @@ def finish_and_claim(queue: Queue, lease: Lease,
     as ``finish`` routes it (the handler is not run again: this attempt has
     had its run), and the next message is then claimed on its own.
     """
+    outcome, following, refused = _ack_and_claim(queue, lease, handler)
+    return outcome, (queue.claim() if refused else following)
+
+
+def _ack_and_claim(queue: Queue, lease: Lease,
+                   handler: Handler) -> tuple[Outcome, Lease | None, bool]:
+    """``finish_and_claim`` up to the refusal: the outcome, the lease the ACK
+    claimed, and whether the ACK was refused (then nothing was claimed)."""
     try:
         effect, following = queue.complete_and_claim(lease, handler)
     except InvalidPayload as exc:
-        return _fail(queue, lease, exc, permanent=True), queue.claim()
+        return _fail(queue, lease, exc, permanent=True), None, True
     except TransientError as exc:
-        return _fail(queue, lease, exc, permanent=False), queue.claim()
+        return _fail(queue, lease, exc, permanent=False), None, True
     except LeaseLost as exc:
-        lost = Outcome(lease.event_id, "lost", lease.generation, exc.code, detail=exc.message)
-        return lost, queue.claim()
-    return Outcome(lease.event_id, "done", lease.generation, effect=effect), following
+        return Outcome(lease.event_id, "lost", lease.generation, exc.code,
+                       detail=exc.message), None, True
+    return Outcome(lease.event_id, "done", lease.generation, effect=effect), following, False
 
 
 def process_one(queue: Queue, handler: Handler) -> Outcome | None:
@@ -71,26 +82,39 @@ def process_one(queue: Queue, handler: Handler) -> Outcome | None:
 def drain(queue: Queue, handler: Handler, *, batch_size: int = 1,
           on_outcome: Callable[[Outcome], None] | None = None,
           stop: Callable[[], bool] | None = None,
-          max_messages: int | None = None) -> list[Outcome]:
+          max_messages: int | None = None,
+          on_given_back: GivenBack | None = None) -> list[Outcome]:
     """Process every message due at the queue clock's current time.
 
     One message at a time, each ACK claims the next due message in its own
     transaction (``finish_and_claim``): one transaction per message. With
     ``batch_size`` above 1, leases are claimed and ACKed in batches
-    (``claim_batch``, ``complete_batch``); each is still fenced on its own.
-    ``on_outcome`` sees each outcome as soon as it is final. ``stop`` is
-    asked before each claim, the claim inside an ACK included, and after
-    each message; ``max_messages`` caps how many messages are processed.
-    Either way the loop ends with the message in hand finished and nothing
-    else held: a message the last ACK claimed ahead is given back at once
-    (``Queue.release``: ready again, its attempt not counted), as it is when
-    ``on_outcome`` raises (a closed pipe). No message is left waiting for a
-    lease to expire; only a crash leaves one, as it always could.
+    (``claim_batch``, ``complete_batch``); each is still fenced on its own,
+    and every lease of a batch is settled (done, or failed as ``finish``
+    fails it) before the first of its outcomes is reported.
+    ``on_outcome`` sees each outcome once it is final. ``stop`` is asked
+    before each claim, the claim inside an ACK included, and after each
+    message; ``max_messages`` caps how many messages are processed.
+
+    Whatever ends the loop, it ends holding no lease. A stop or the cap
+    ends it with the message in hand finished; a message the last ACK
+    claimed ahead is given back at once (``Queue.release``: ready again,
+    its attempt not counted), as it is when ``on_outcome`` raises (a closed
+    pipe). Any other exception inside an ACK (a signal's
+    ``KeyboardInterrupt``, a database error, a bug in the handler) rolls
+    that ACK back; its lease is given back too, then the exception goes on.
+    A lease that can no longer be given back is no error of the stop: its
+    deadline passed and a claim recovered it or handed it to another worker
+    meanwhile. ``on_given_back(lease, lost)`` hears of every lease given back
+    (``lost`` is ``None``) or found lost so (``lost`` is the ``LeaseLost``
+    that says why). Only a crash, or a connection that broke, leaves a lease
+    to run out, as it always could.
     """
     if max_messages is not None and (isinstance(max_messages, bool)
                                      or not isinstance(max_messages, int) or max_messages < 0):
         raise ValueError(f"max_messages must be a non-negative integer, got {max_messages!r}")
     stopping = stop or _never
+    notify = on_given_back or _ignore
     outcomes: list[Outcome] = []
 
     def room(in_hand: int) -> int | None:
@@ -106,9 +130,9 @@ def drain(queue: Queue, handler: Handler, *, batch_size: int = 1,
 
     with queue.session():
         if batch_size == 1:
-            _one_by_one(queue, handler, room, report)
+            _one_by_one(queue, handler, room, report, notify)
         else:
-            _in_batches(queue, handler, batch_size, room, report)
+            _in_batches(queue, handler, batch_size, room, report, notify)
     return outcomes
 
 
@@ -116,46 +140,139 @@ def _never() -> bool:
     return False
 
 
+def _ignore(lease: Lease, lost: LeaseLost | UnknownEvent | None) -> None:
+    pass
+
+
 def _one_by_one(queue: Queue, handler: Handler, room: Callable[[int], int | None],
-                report: Callable[[Outcome], None]) -> None:
+                report: Callable[[Outcome], None], notify: GivenBack) -> None:
     lease = queue.claim() if room(0) != 0 else None
     while lease is not None:
-        if room(1) != 0:  # one more may follow the message in hand: the ACK claims it
-            outcome, lease = finish_and_claim(queue, lease, handler)
-        else:
-            outcome, lease = finish(queue, lease, handler), None
+        try:
+            if room(1) != 0:  # one more may follow the message in hand: the ACK claims it
+                outcome, ahead, refused = _ack_and_claim(queue, lease, handler)
+            else:
+                outcome, ahead, refused = finish(queue, lease, handler), None, False
+        except BaseException:  # the ACK was rolled back: a signal, a database error, a bug
+            _give_back(queue, lease, notify, quietly=True)
+            raise
         try:
             report(outcome)
         except BaseException:  # the reader went away (a closed pipe), or worse
-            _give_back(queue, lease)
+            _give_back(queue, ahead, notify, quietly=True)
             raise
-        if lease is not None and room(0) == 0:  # a stop came while that message was in hand
-            _give_back(queue, lease)
+        if room(0) == 0:  # a stop came while that message was in hand, or the cap is reached
+            _give_back(queue, ahead, notify)
             return
+        lease = queue.claim() if refused else ahead  # a refused ACK claimed nothing
 
 
-def _give_back(queue: Queue, lease: Lease | None) -> None:
-    """Release a message claimed ahead and not started, so that nobody waits
-    for its lease to expire."""
-    if lease is not None:
+def _give_back(queue: Queue, lease: Lease | None, notify: GivenBack, *,
+               quietly: bool = False) -> None:
+    """Release a message claimed and not started (or whose ACK was rolled
+    back), so that nobody waits for its lease to expire.
+
+    A lease lost meanwhile is reported to ``notify``, not raised. With
+    ``quietly`` (an exception is already ending the loop, and it is the one
+    the caller must see) a failure to release is not raised either: that
+    lease then runs out as a crashed worker's does.
+    """
+    if lease is None:
+        return
+    try:
         queue.release(lease)
+    except (LeaseLost, UnknownEvent) as lost:
+        notify(lease, lost)
+        return
+    except Exception:
+        if quietly:
+            return
+        raise
+    notify(lease, None)
 
 
 def _in_batches(queue: Queue, handler: Handler, batch_size: int,
-                room: Callable[[int], int | None], report: Callable[[Outcome], None]) -> None:
+                room: Callable[[int], int | None], report: Callable[[Outcome], None],
+                notify: GivenBack) -> None:
     while (left := room(0)) != 0:
         leases = queue.claim_batch(batch_size if left is None else min(batch_size, left))
         if not leases:
             return
-        for lease, result in zip(leases, queue.complete_batch(leases, handler)):
-            report(_settle(queue, lease, result))
+        try:
+            results = queue.complete_batch(leases, handler)
+        except BaseException:  # rolled back whole: nothing of the batch was finished
+            for lease in leases:
+                _give_back(queue, lease, notify, quietly=True)
+            raise
+        outcomes, error = _settle_batch(queue, leases, results, report, notify)
+        for outcome in outcomes:
+            report(outcome)
+        if error is not None:
+            raise error
 
 
-def _settle(queue: Queue, lease: Lease, result: Effect | QueueError) -> Outcome:
+def _settle_batch(queue: Queue, leases: list[Lease], results: list[Effect | QueueError],
+                  report: Callable[[Outcome], None],
+                  notify: GivenBack) -> tuple[list[Outcome], QueueError | None]:
+    """The outcome of every lease of an ACKed batch, each settled before any
+    is reported, so that a report that fails (a closed pipe) leaves no lease
+    of the batch held; and the first error that no outcome stands for (the
+    schema refused an effect), raised once the outcomes are reported.
+
+    If settling fails (a signal, the database), the rest are settled as far
+    as they can be, and what is committed is reported before the exception
+    goes on: every outcome reported is committed, and every one committed is
+    reported unless reporting fails too.
+    """
+    outcomes: list[Outcome] = []
+    error: QueueError | None = None
+    pairs = list(zip(leases, results))
+    for at, (lease, result) in enumerate(pairs):
+        try:
+            outcome = _settle(queue, lease, result)
+        except BaseException:
+            for rest in pairs[at:]:
+                _settle_quietly(queue, *rest, notify)
+            _report_quietly(report, [*outcomes, *(_done(lease, result) for lease, result
+                                                  in pairs[at:] if isinstance(result, Effect))])
+            raise
+        if outcome is None:  # its ACK was rolled back alone: give the message back
+            _give_back(queue, lease, notify, quietly=True)
+            error = error or result  # type: ignore[assignment]
+        else:
+            outcomes.append(outcome)
+    return outcomes, error
+
+
+def _done(lease: Lease, effect: Effect) -> Outcome:
+    return Outcome(lease.event_id, "done", lease.generation, effect=effect)
+
+
+def _report_quietly(report: Callable[[Outcome], None], outcomes: list[Outcome]) -> None:
+    try:
+        for outcome in outcomes:
+            report(outcome)
+    except Exception:  # noqa: BLE001 - the exception that ends the loop is the one to see
+        pass
+
+
+def _settle(queue: Queue, lease: Lease, result: Effect | QueueError) -> Outcome | None:
     if isinstance(result, Effect):
-        return Outcome(lease.event_id, "done", lease.generation, effect=result)
+        return _done(lease, result)
     if isinstance(result, InvalidPayload | TransientError):
         return _fail(queue, lease, result, permanent=isinstance(result, InvalidPayload))
     if isinstance(result, LeaseLost):
         return Outcome(lease.event_id, "lost", lease.generation, result.code, detail=result.message)
-    raise result
+    return None
+
+
+def _settle_quietly(queue: Queue, lease: Lease, result: Effect | QueueError,
+                    notify: GivenBack) -> None:
+    """Settle one lease of a batch while an exception ends the loop; never raise."""
+    try:
+        if isinstance(result, InvalidPayload | TransientError):
+            queue.fail(lease, result.code, permanent=isinstance(result, InvalidPayload))
+        elif not isinstance(result, Effect | LeaseLost):
+            _give_back(queue, lease, notify, quietly=True)
+    except Exception:  # noqa: BLE001 - the exception that ends the loop is the one to see
+        pass

@@ -356,7 +356,11 @@ def test_an_effect_written_behind_the_protocol_stops_work_with_exit_1_and_writes
     assert result.stderr.startswith("error: integrity_violation: ")
     assert "Traceback" not in result.stderr
     assert snapshot(scratch / "queue.sqlite3")["effects"] == before["effects"]
-    assert status_json(scratch)["states"] == {"ready": 3, "leased": 1, "done": 0, "dead": 0}
+    # the refused ACK was rolled back and its message given back: no lease is left to run out
+    assert status_json(scratch)["states"] == {"ready": 4, "leased": 0, "done": 0, "dead": 0}
+    assert [row[0] for row in sqlite3.connect(scratch / "queue.sqlite3").execute(
+        "SELECT reason FROM transitions WHERE event_id = 'E0001' ORDER BY seq")] == [
+        "enqueued", "claimed", "released"]
 
 
 def test_the_demo_prints_the_reference_figures(tmp_path: Path) -> None:

@@ -2,9 +2,10 @@
 out of a guarded UPDATE and one of these tests fails, on either store.
 
 A holder's write (ACK, failure, heartbeat, release) is one UPDATE whose
-WHERE names the lease: still ``leased``, by the same generation, before the
-deadline (``transitions.HELD``). A lost lease matches no row, and the row is
-read once more only to say why. Every test also checks that the refused
+WHERE names the lease: still ``leased``, by the same generation, and (but
+for a release, which gives up the message and asserts no right to it)
+before the deadline (``transitions.HELD``). A lost lease matches no row,
+and the row is read once more only to say why. Every test also checks that the refused
 call changed nothing, and that the current holder still finishes.
 """
 
@@ -72,7 +73,7 @@ def test_a_late_call_after_the_new_holder_finished_is_stale_not_merely_not_lease
     assert seen(store) == {"total": 100, "effects": 1, "states": {"done": 1}}
 
 
-@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize("call", [call for call in CALLS if call != "release"])
 def test_a_holder_at_its_deadline_is_refused_as_expired_and_changes_nothing(
         queue: Queue, model_clock: ModelClock, store: str, call: str) -> None:
     queue.enqueue_jsonl(jsonl([("E0001", "book", 100), ("E0002", "pen", 200)]))
@@ -130,6 +131,43 @@ def test_a_released_message_is_due_again_at_once_and_its_attempt_is_not_counted(
     queue.complete(again, Handler())
     assert refused("complete", queue, first) == "stale_generation"
     assert seen(store) == {"total": 100, "effects": 1, "states": {"ready": 1, "done": 1}}
+
+
+def test_a_lease_past_its_deadline_that_no_claim_recovered_is_still_given_back_uncounted(
+        queue: Queue, model_clock: ModelClock, store: str) -> None:
+    queue.enqueue_jsonl(jsonl([("E0001", "book", 100), ("E0002", "pen", 200)]))
+    lease = queue.claim()
+    model_clock.set(lease.lease_until + 5)  # long past its deadline; nobody has claimed since
+
+    queue.release(lease)
+
+    assert [t.reason for t in queue.transitions("E0001")] == ["enqueued", "claimed", "released"]
+    message = queue.message("E0001")
+    assert (message.state, message.attempts, message.generation, message.lease_until) == \
+        ("ready", 0, 1, None)
+    again = queue.claim()  # due at once, in its old place, its first attempt again
+    assert (again.event_id, again.generation, again.attempt) == ("E0001", 2, 1)
+    assert refused("complete", queue, lease) == "stale_generation"
+    queue.complete(again, Handler())
+    assert seen(store) == {"total": 100, "effects": 1, "states": {"ready": 1, "done": 1}}
+
+
+def test_a_lease_past_its_deadline_that_a_claim_recovered_is_no_longer_given_back(
+        queue: Queue, model_clock: ModelClock, store: str) -> None:
+    # The claim that recovers it makes it ready (a spent attempt) and may lease it
+    # again: a late release is then refused, changing nothing, whoever holds it.
+    queue.enqueue_jsonl(jsonl([("E0001", "book", 100)]))
+    lease = queue.claim()
+    model_clock.set(lease.lease_until)
+    holder = queue.claim()
+    before = stored_rows(store)
+
+    assert (holder.generation, refused("release", queue, lease)) == (2, "stale_generation")
+
+    assert stored_rows(store) == before
+    queue.complete(holder, Handler())
+    assert refused("release", queue, holder) == "not_leased"
+    assert seen(store) == {"total": 100, "effects": 1, "states": {"done": 1}}
 
 
 @pytest.mark.parametrize("edge", [("ready", "done"), ("done", "ready"), ("leased", "leased"),

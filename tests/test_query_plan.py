@@ -121,7 +121,7 @@ def test_the_expiry_scan_walks_only_the_leased_index(
 HOLDERS_WRITES = {"ACK": (ACK, ("E0400", 1, 1000)),
                   "FAIL": (FAIL, ("ready", 1001, "x", "E0400", 1, 1000, "x")),
                   "EXTEND": (EXTEND, (1030, "E0400", 1, 1000)),
-                  "RELEASE": (RELEASE, ("E0400", 1, 1000)),
+                  "RELEASE": (RELEASE, ("E0400", 1)),
                   "REDRIVE": (REDRIVE, (1000, "E0400"))}
 
 

@@ -116,8 +116,11 @@ ROWS: dict[str, Row] = {
                       "`lease_until = now + seconds`; state and generation stay; not journalled "
                       "(leased to leased is no edge); an expired lease cannot be revived",
                       "`ValueError` for `seconds` below 1"),
-    "release": _fenced("one write", "`leased → ready` at once, in its old place; the attempt is "
-                       "not counted, the generation is (journal reason `released`)"),
+    "release": Row("one write", "state and generation, not the deadline: a lease past it that "
+                   "no claim has recovered is still this generation's",
+                   "`leased → ready` at once, in its old place; the attempt is not counted, the "
+                   "generation is (journal reason `released`)",
+                   (("LeaseLost", ("stale_generation", "not_leased")), UNKNOWN)),
     "fail": _fenced("one write", "`leased → ready` after a backoff of 1 s, then 2 s; `→ dead` "
                     "when `permanent` or on the last attempt (journal reason "
                     "`attempts_exhausted`); `code` kept as `last_error`"),
@@ -152,7 +155,9 @@ ROWS: dict[str, Row] = {
         "a claim, then one write per message: each ACK claims the next (`complete_and_claim`)",
         "as those calls; `stop` before each claim, `max_messages` caps the count",
         "every message due now processed; a stop finishes the one in hand and gives back "
-        "(`release`) the one claimed ahead; returns the outcomes (`Outcome`)", HELPER_ERRORS,
+        "(`release`) the one claimed ahead, and whatever ends it leaves no lease held "
+        "(`on_given_back` hears of one already lost); returns the outcomes (`Outcome`)",
+        HELPER_ERRORS,
         HELPER_NOTE + "; `ValueError` for a negative `max_messages`"),
 }
 
