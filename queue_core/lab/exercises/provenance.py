@@ -167,15 +167,6 @@ def hand_out(queue: Queue, exercise: int) -> WitnessedQueue:
                           lease_seconds=queue.lease_seconds, max_attempts=queue.max_attempts)
 
 
-def same_witness(queue: Queue, other_path: str | os.PathLike[str]) -> WitnessedQueue | Queue:
-    """A queue on ``other_path`` that signs as ``queue`` does (a plain one if ``queue`` does not)."""
-    witness = getattr(queue, "witness", None)
-    if witness is None:
-        return Queue(other_path, clock=queue.clock, lease_seconds=queue.lease_seconds)
-    return WitnessedQueue(other_path, witness=witness, clock=queue.clock,
-                          lease_seconds=queue.lease_seconds)
-
-
 def started(path: str | os.PathLike[str]) -> Witness | None:
     """The witness of the start that built the file at ``path`` last, in this kernel."""
     return _STARTED.get(_key(path))
