@@ -1,11 +1,14 @@
 """The SQLite peer queues of ``make bench``: declared in the bench extra,
 installed by ``make setup``, driven through the same put / get / ack, and
-our queue's safety probe passing; the report's targets and exit status.
-The PostgreSQL peers are ``test_bench_pg_peers``'s."""
+our queue's safety probe passing; each peer on the same work as ours (its
+effect committed in the application's own file, then acked) and what it
+then guarantees; the report's targets and exit status. The PostgreSQL
+peers are ``test_bench_pg_peers``'s."""
 
 from __future__ import annotations
 
 import re
+import sqlite3
 import sys
 import tomllib
 from pathlib import Path
@@ -16,11 +19,13 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import app_effects  # noqa: E402
 import bench  # noqa: E402
 import bench_report  # noqa: E402
 import peer_safety  # noqa: E402
 from bench_cases import CheckFailed  # noqa: E402
-from peers import OURS, PEERS, PG_PEERS, item_of  # noqa: E402
+from peers import (OURS, PEERS, PG_PEERS, PeerWorker, SameWorkCase, item_of,  # noqa: E402
+                   same_work_variant)
 from test_setup import makefile_targets, requirement  # noqa: E402
 
 SQLITE_QUEUES = {name: adapter for name, adapter in {**PEERS, **OURS}.items()
@@ -150,3 +155,116 @@ def test_a_missed_target_still_exits_0_and_a_failed_check_exits_1(
 
     assert bench.main([]) == 1
     assert "EXACTLY-ONCE CHECK FAILED" in capsys.readouterr().out
+
+
+# -- the peers on the same work -------------------------------------------------
+
+def on_the_same_work(name: str, where: Path, app: Path) -> tuple[object, dict[str, str]]:
+    """The peer at our durability, with the application's own file opened beside it."""
+    adapter = PEERS[name]
+    queue = adapter(where, same_work_variant(adapter))
+    return queue, queue.open_effects(str(app))
+
+
+@pytest.mark.parametrize("name", list(PEERS))
+def test_a_peer_on_the_same_work_commits_one_effect_per_event_even_when_it_comes_twice(
+        name: str, tmp_path: Path) -> None:
+    queue, effects = on_the_same_work(name, tmp_path / "queue.sqlite3", tmp_path / "app.sqlite3")
+    try:
+        queue.put([item_of(i) for i in range(4)] + [item_of(1)])  # the source repeats E0001
+        got = queue.work(10)
+        pragmas = queue.pragmas()
+    finally:
+        queue.close()
+
+    assert sorted(got) == ["E0000", "E0001", "E0001", "E0002", "E0003"]
+    found = app_effects.rows(str(tmp_path / "app.sqlite3"))
+    assert found == [("E0000", "book", 100), ("E0001", "pen", 101), ("E0002", "bag", 102),
+                     ("E0003", "book", 103)]
+    assert sum(row[2] for row in found) == 406
+    assert effects == {"journal_mode": "WAL", "synchronous": "FULL"}
+    assert pragmas["synchronous"] == "FULL"  # litequeue at FULL; the others' defaults
+
+
+# What a consumer that dies after committing the effect, before its ack, leaves:
+# the message handed out again by the library, or held until someone retries it.
+AFTER_A_DEATH = {"persist-queue": "redelivered", "litequeue": "held", "huey": "gone"}
+GUARANTEE = {"redelivered": "at least once, deduped", "held": "at least once after a retry, deduped",
+             "gone": "at most once"}
+
+
+@pytest.mark.parametrize("name", list(PEERS))
+def test_a_consumer_dead_after_the_effect_leaves_what_its_guarantee_says_and_no_second_effect(
+        name: str, tmp_path: Path) -> None:
+    where, app = tmp_path / "queue.sqlite3", tmp_path / "app.sqlite3"
+    first, _ = on_the_same_work(name, where, app)
+    first.put([item_of(i) for i in range(3)])
+    handle, item = first.take() or (None, "")
+    event_id, effect = app_effects.effect_of_item(item)
+    assert first.effects.commit(event_id, effect)
+    first.close()  # the consumer dies here: the effect committed, no ack
+    second, _ = on_the_same_work(name, where, app)
+    try:
+        again = second.work(10)
+        outcome = "redelivered" if event_id in again else "gone"
+        if outcome == "gone" and name == "litequeue":  # the remedy nothing calls by itself
+            second.queue.retry(handle)
+            again += second.work(10)
+            outcome = "held" if event_id in again else "gone"
+    finally:
+        second.close()
+
+    assert outcome == AFTER_A_DEATH[name]
+    assert GUARANTEE[outcome] == PEERS[name].guarantee
+    assert app_effects.rows(str(app)) == app_effects.expected(3)  # each once, the money exact
+
+
+def test_huey_dequeues_before_the_work_so_a_death_before_the_effect_loses_the_message(
+        tmp_path: Path) -> None:
+    where, app = tmp_path / "queue.sqlite3", tmp_path / "app.sqlite3"
+    first, _ = on_the_same_work("huey", where, app)
+    first.put([item_of(i) for i in range(3)])
+    _, item = first.take() or (None, "")
+    first.close()  # the consumer dies after the get, before the effect's commit
+    second, _ = on_the_same_work("huey", where, app)
+    try:
+        again = second.work(10)
+    finally:
+        second.close()
+
+    lost = app_effects.effect_of_item(item)[0]
+    assert lost not in again and sorted(again) == sorted({"E0000", "E0001", "E0002"} - {lost})
+    assert [row[0] for row in app_effects.rows(str(app))] == sorted(again)
+    assert "at most once" in PEERS["huey"].guarantee and "deletes" in PEERS["huey"].guarantee_why
+
+
+def test_a_same_work_case_checks_the_effects_table_after_every_slice(tmp_path: Path) -> None:
+    worker = PeerWorker()
+    try:
+        case = SameWorkCase(PEERS["litequeue"], "FULL", tmp_path, 4, worker)
+        first, second = case.slice(), case.slice()
+        conn = sqlite3.connect(case.effects_at)
+        conn.execute("UPDATE effects SET amount_cents = amount_cents + 1 WHERE event_id = 'E0002'")
+        conn.commit()
+        conn.close()
+        with pytest.raises(CheckFailed, match="effects table holds 12 effects"):
+            case.slice()
+    finally:
+        worker.close()
+
+    assert (first.messages, second.messages, case.name) == (4, 4, "same_litequeue_FULL")
+    assert case.durability() == "WAL, FULL (set by bench); effects WAL, FULL"
+    assert case.info()["guarantee"] == "at least once after a retry, deduped"
+
+
+def test_a_peer_that_does_not_fsync_every_commit_is_not_put_on_the_same_work(
+        tmp_path: Path) -> None:
+    worker = PeerWorker()
+    try:
+        with pytest.raises(ValueError, match="not every commit fsyncs"):
+            SameWorkCase(PEERS["litequeue"], "defaults", tmp_path, 4, worker)
+    finally:
+        worker.close()
+
+    assert {name: same_work_variant(adapter) for name, adapter in PEERS.items()} == \
+        {"persist-queue": "defaults", "litequeue": "FULL", "huey": "defaults"}
