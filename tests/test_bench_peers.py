@@ -268,3 +268,52 @@ def test_a_peer_that_does_not_fsync_every_commit_is_not_put_on_the_same_work(
 
     assert {name: same_work_variant(adapter) for name, adapter in PEERS.items()} == \
         {"persist-queue": "defaults", "litequeue": "FULL", "huey": "defaults"}
+
+
+def test_make_bench_runs_the_same_work_in_both_regimes_and_the_notebook_run_leaves_it_out() -> None:
+    assert bench.FULL.same_work and bench.SLOW.same_work
+    assert not bench.PEERS_QUICK.same_work and not bench.QUICK.same_work
+
+
+def test_a_run_on_the_same_work_prints_its_own_table_with_each_guarantee(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = bench.replace(bench.PEERS_QUICK, rounds=2, single=5, k10=10, k100=20,
+                         batches=(1,), safety=(0, 0), normal=False, same_work=True)
+    results = bench.run(plan=plan)
+    monkeypatch.setattr(bench, "run", lambda **_: results)
+
+    assert bench.main([]) == 0
+    out = capsys.readouterr().out
+    table = out.split("peers on the same work, regime: this machine's flush")[1].split("\n\n")[0]
+    rows = {line.split("  ")[0]: line for line in table.splitlines()[2:]}
+    assert set(rows) == {"ours, the worker loop", *(f"{name} {same_work_variant(adapter)} + effect"
+                                                    for name, adapter in PEERS.items())}
+    assert rows["ours, the worker loop"].endswith("exactly once")
+    assert rows["huey defaults + effect"].endswith("at most once")
+    assert rows["persist-queue defaults + effect"].endswith("at least once, deduped")
+    assert "WAL, FULL" in rows["litequeue FULL + effect"]
+    assert {peer["peer"] for peer in results["same_work"]} == set(PEERS)
+    assert all(not name.startswith("same_") for peer in results["peers"] for name in [peer["name"]])
+    assert "the application's effects table holds one effect per event put" in out
+    assert "SQLite single vs fastest peer, same work" in out
+
+
+def test_the_same_work_targets_set_our_worker_loop_against_the_fastest_such_peer() -> None:
+    same = [dict(peer("slow", "FULL", 0.2), effects_synchronous="FULL"),
+            dict(peer("fast", "FULL", 0.4), effects_synchronous="FULL"),
+            dict(peer("pgq", "on", 0.2, "postgres"), effects_synchronous="on")]
+    slow = results_with({"single": 0.9}, [], same_work=[dict(same[1], vs_raw=0.5)])
+    results = results_with({"single": 0.5, "pg_single_1": 0.34}, [peer("bare", "FULL", 0.9)],
+                           same_work=same, slow=slow)
+    rows = {row["name"]: row for row in bench_report.evaluate(results)}
+
+    fast = rows["SQLite single vs fastest peer, same work"]
+    assert (round(fast["value"], 6), fast["bound"], fast["met"], fast["against"]) == \
+        (1.25, 1.4, False, "fast FULL + effect FULL")
+    slowly = rows["SQLite single vs fastest peer, same work, 2 ms flush"]
+    assert (round(slowly["value"], 6), slowly["bound"], slowly["met"]) == (1.8, 1.9, False)
+    pg = rows["PostgreSQL single vs fastest peer, same work"]
+    assert (round(pg["value"], 6), pg["bound"], pg["met"], pg["against"]) == \
+        (1.7, 1.6, True, "pgq on + effect on")
+    # the bare peer is not on the same work: it does not count there
+    assert rows["SQLite single vs fastest fsyncing peer"]["against"] == "bare FULL"
