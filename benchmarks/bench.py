@@ -38,9 +38,24 @@ peers (``peers.py``). PostgreSQL (``QUEUE_CORE_PG_DSN`` or a private server,
 ``queue_core.lab.private_postgres``): its raw commits, ours with 1, 2 and 4
 workers at K = 1 and 100, and pgqueuer and procrastinate (``pgpeers.py``) on
 the same server.
+
+Beside that bare comparison (a peer's get + ack, no effect), each peer runs
+on the same work as ours (``peers.SameWorkCase``): its consumer gets a
+message, commits the message's effect in the application's own database
+(an effects table keyed by the event id, its own commit, ``INSERT ... ON
+CONFLICT DO NOTHING``: ``app_effects.py``), then acks; the SQLite peers at
+their settings that fsync every commit, the application's file at
+``synchronous=FULL``, the PostgreSQL peers with an effects table in the same
+database. Our side of that table is our ordinary worker loop, whose effect
+is already in the ACK's transaction. The table says what each peer then
+guarantees: at least once with idempotent effects where the message stays
+in the queue until the ack, at most once where the library deletes it
+before the work runs (huey).
 After every slice the store is checked: ours with the shared audit (one
 effect per done event, the money right, a legal journal), a peer by the
-items it handed back (each once) and, on PostgreSQL, by its own tables.
+items it handed back (each once), on PostgreSQL by its own tables, and on
+the same work by the application's effects table (one effect per event put,
+its amount exact).
 ``peer_safety.py`` then runs two consumer processes and a crashing
 consumer against every queue. A failed check exits 1; a figure below its
 target is printed as such and the exit status stays 0: a benchmark reports.
@@ -71,7 +86,7 @@ from bench_report import evaluate, summarise  # noqa: E402
 from bench_text import report  # noqa: E402
 from fencing import late_acks  # noqa: E402
 from peer_safety import describe, probe_all  # noqa: E402
-from peers import PeerWorker, build_peer_cases, missing_peers  # noqa: E402
+from peers import PeerWorker, build_peer_cases, build_same_work_cases, missing_peers  # noqa: E402
 
 from queue_core.lab.servers.postgres_server import NoPostgres, private_postgres  # noqa: E402
 from queue_core.lab.speed.slowdisk import (DELAY_US, NoShim, flush_calls, flush_latency,  # noqa: E402
@@ -100,10 +115,12 @@ class Plan:
     durable_peers_only: bool = False  # only peers whose every commit fsyncs (the slow regime)
     normal: bool = False  # our synchronous=NORMAL option beside the NORMAL peers (full runs it)
     bare: bool = True  # the bare two-commit protocol, for scale
+    same_work: bool = False  # also each peer on the same work: its effect committed, then acked
 
 
 FULL = Plan(rounds=12, budget_s=150.0, raw=40, single=100, k10=400, k100=2000,
-            sizes=(1_000, 10_000, 100_000), full=True, peers=True, postgres=200, slow=True)
+            sizes=(1_000, 10_000, 100_000), full=True, peers=True, postgres=200, slow=True,
+            same_work=True)
 QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
              sizes=(1_000, 10_000), full=False)
 # A few seconds for notebook 08: ours (one at a time, batched, NORMAL) and the peers, at
@@ -112,7 +129,8 @@ PEERS_QUICK = Plan(rounds=3, budget_s=1.0, raw=8, single=30, k10=60, k100=300, s
                    full=False, peers=True, safety=(100, 1), normal=True, bare=False)
 # The slow-disk regime: every flush 2 ms; ours against the peers that fsync every commit.
 SLOW = Plan(rounds=8, budget_s=60.0, raw=25, single=60, k10=0, k100=1000, sizes=(),
-            full=False, peers=True, safety=(0, 0), batches=(100,), durable_peers_only=True)
+            full=False, peers=True, safety=(0, 0), batches=(100,), durable_peers_only=True,
+            same_work=True)
 
 
 def same_file_system_dir() -> Path:
@@ -152,6 +170,8 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
         peers = build_peer_cases(workdir, n, peer_worker)
         yield from (peer for peer in peers
                     if not plan.durable_peers_only or peer.fsyncs_every_commit())
+        if plan.same_work:
+            yield from build_same_work_cases(workdir, n, peer_worker)
     if schemas is not None:
         for k, count in ((1, plan.postgres), (100, plan.k100)):
             for workers in WORKER_COUNTS:
@@ -163,6 +183,9 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
                                else "batch")
         if peer_worker is not None:
             yield from build_peer_cases(schemas, plan.postgres, peer_worker, store="postgres")
+            if plan.same_work:
+                yield from build_same_work_cases(schemas, plan.postgres, peer_worker,
+                                                 store="postgres")
 
 
 def run(quick: bool = False, log: Callable[[str], None] | None = None,

@@ -4,7 +4,9 @@ Every ratio compares rates measured in the same run, each slice divided by
 the raw commits of its own store measured just before and just after it
 ("x raw"). The consumer side (our claim + ACK through ``drain``, a peer's
 get + ack, the queue filled beforehand) is the headline; end to end adds
-the producer, whose batching each row names.
+the producer, whose batching each row names. ``peers`` are the bare
+peers (get + ack), ``same_work`` the peers on the same work as ours (get,
+the effect's own commit in the application's database, ack).
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ import statistics
 from typing import Any, Callable
 
 from bench_cases import Case, QueueSize
-from peers import PeerCase
-
-FSYNCING = ("FULL", "EXTRA", "on", "remote_apply")  # a commit waits for the disk's flush
+from peers import FSYNCING, PeerCase, SameWorkCase
 
 
 def summarise(cases: list[Case], raws: list[Case], memory: tuple[int, float] | None = None,
@@ -28,9 +28,14 @@ def summarise(cases: list[Case], raws: list[Case], memory: tuple[int, float] | N
     e2e_vs_raw = {case.name: case.end_to_end_vs_raw() for case in cases}
     for raw in raws:
         vs_raw[raw.name] = e2e_vs_raw[raw.name] = 1.0
-    peers = [dict(case.info(), name=case.name, label=case.label, durability=case.durability(),
-                  rate=case.rate(), e2e=case.end_to_end(), vs_raw=vs_raw[case.name],
-                  e2e_vs_raw=e2e_vs_raw[case.name]) for case in cases if isinstance(case, PeerCase)]
+
+    def entry(case: PeerCase) -> dict[str, Any]:
+        return dict(case.info(), name=case.name, label=case.label, durability=case.durability(),
+                    rate=case.rate(), e2e=case.end_to_end(), vs_raw=vs_raw[case.name],
+                    e2e_vs_raw=e2e_vs_raw[case.name], flushes=flushes_per_message(case))
+    bare = [entry(case) for case in cases
+            if isinstance(case, PeerCase) and not isinstance(case, SameWorkCase)]
+    same_work = [entry(case) for case in cases if isinstance(case, SameWorkCase)]
     raw = raws[0]
     return {
         "rates": {case.name: case.rate() for case in every},
@@ -48,7 +53,8 @@ def summarise(cases: list[Case], raws: list[Case], memory: tuple[int, float] | N
         "memory": memory,
         "parent_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "raw_range": (min(map(_rate, raw.slices)), max(map(_rate, raw.slices))),
-        "peers": peers,
+        "peers": bare,
+        "same_work": same_work,
         "peers_missing": missing or [],
         "safety": safety or {},
     }
@@ -117,6 +123,22 @@ def _against_peer(results: dict[str, Any] | None, ours: str, durable: bool
     return results["vs_raw"][ours] / peer["vs_raw"], f"{peer['peer']} {peer['synchronous']}"
 
 
+def fastest_same_work(results: dict[str, Any] | None, store: str) -> dict[str, Any] | None:
+    """The fastest peer of ``store`` on the same work as ours, consumer side."""
+    chosen = [peer for peer in (results or {}).get("same_work", []) if peer["store"] == store]
+    return max(chosen, key=lambda peer: peer["vs_raw"]) if chosen else None
+
+
+def _against_same_work(results: dict[str, Any] | None, ours: str, store: str
+                       ) -> tuple[float | None, str]:
+    """Our worker loop over the fastest peer of ``store`` on the same work, consumer side."""
+    peer = fastest_same_work(results, store)
+    if results is None or peer is None or ours not in results.get("vs_raw", {}):
+        return None, ""
+    return (results["vs_raw"][ours] / peer["vs_raw"],
+            f"{peer['peer']} {peer['synchronous']} + effect {peer['effects_synchronous']}")
+
+
 def _pg_peer(results: dict[str, Any], name: str) -> tuple[float | None, str]:
     peer = next((p for p in results.get("peers", []) if p["peer"] == name), None)
     if peer is None or "pg_single_1" not in results["e2e_vs_raw"]:
@@ -144,6 +166,14 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
     ("SQLite K=100 vs fastest fsyncing peer",
      "consumer side, ours FULL* batches of 100 vs a peer one at a time, this machine's flush",
      lambda r: _against_peer(r, "batch_100", True), 8.0, True),
+    ("SQLite single vs fastest peer, same work, 2 ms flush",
+     "consumer side, ours FULL* (the worker loop, the effect in the ACK's commit) vs a peer's "
+     "get, its effect's own commit, ack, every commit fsynced, slow-disk regime",
+     lambda r: _against_same_work(r.get("slow"), "single", "sqlite"), 1.9, True),
+    ("SQLite single vs fastest peer, same work",
+     "consumer side, ours FULL* (the worker loop, the effect in the ACK's commit) vs a peer's "
+     "get, its effect's own commit, ack, every commit fsynced, this machine's flush",
+     lambda r: _against_same_work(r, "single", "sqlite"), 1.4, True),
     ("fsyncs per consumed message (strace)",
      "drain, one message at a time, FULL*", _fsyncs, 1.05, False),
     ("single consume vs raw commits, 2 ms flush",
@@ -158,6 +188,10 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
     ("PostgreSQL single vs procrastinate",
      "end to end, both one job per commit, same server",
      lambda r: _pg_peer(r, "procrastinate"), 1.0, True),
+    ("PostgreSQL single vs fastest peer, same work",
+     "consumer side, ours vs a peer's get, its effect's own commit in the same database, ack; "
+     "synchronous_commit=on, same server", lambda r: _against_same_work(r, "pg_single_1",
+                                                                        "postgres"), 1.6, True),
     ("PostgreSQL 2 worker processes vs 1", "consumer side, single message",
      lambda r: _ratio(r, "pg_single_2", "pg_single_1"), 1.8, True),
     ("SQLite 2 worker processes vs 1", "consumer side, single message",

@@ -32,7 +32,10 @@ def regime_table(results: dict[str, Any], title: str) -> list[str]:
              f"{'case':<44}{'durability':<31}{'producer':<13}{'consume/s':>10}{'x raw':>7}"
              f"{'e2e/s':>8}{'x raw':>7}{'fsyncs':>7}{'ours/it':>8}"]
     peer_of = {peer["name"]: peer for peer in results.get("peers", [])}
+    same_work = {peer["name"] for peer in results.get("same_work", [])}  # their own table
     for name, rate in rates.items():
+        if name in same_work:
+            continue
         counted = flushes.get(name)
         theirs = ""
         if name in peer_of:
@@ -47,6 +50,74 @@ def regime_table(results: dict[str, Any], title: str) -> list[str]:
         lines.append(f"PostgreSQL rows: x raw = against PostgreSQL's own raw commits "
                      f"(synchronous_commit=on; median {rates['pg_raw']:.0f} commits/s); "
                      "ours/it = ours pg single message over the peer, consumer side")
+    return lines
+
+
+SAME_WORK_LEGEND = [
+    "same work: a peer's consumer gets a message, commits its effect in the application's own "
+    "database (an effects table keyed by the event id: INSERT ... ON CONFLICT DO NOTHING, a "
+    "commit of its own; SQLite: a file of its own, WAL, synchronous=FULL; PostgreSQL: a table "
+    "in the same database, on a connection of its own), then acks; ours is the worker loop, "
+    "whose effect is in the ACK's transaction",
+    "durability alike: every commit a caller relies on waits for a flush on both sides (ours "
+    "FULL*; a peer's queue at FULL or synchronous_commit=on, and its effects' commit too), "
+    "read back from each connection; ours/it = our worker loop on that store over the peer on "
+    "the same work, consumer side",
+    "guarantee: exactly once = the effect and the ACK in one transaction, fenced by the lease; "
+    "at least once, deduped = the effect commits before the ack, so a consumer that dies "
+    "between them has the message delivered again and the effect's key adds nothing; at most "
+    "once = the library deletes the message before the work runs, so a crash after the get "
+    "loses it",
+]
+OURS_SAME_WORK = {"single": "ours, the worker loop", "pg_single_1": "ours pg, the worker loop"}
+
+
+def same_work_table(results: dict[str, Any], title: str) -> list[str]:
+    """One row per peer on the same work as ours (its effect committed, then acked),
+    beside our worker loop on each store; what each then guarantees."""
+    peers = results.get("same_work", [])
+    if not peers:
+        return []
+    rates, e2e = results["rates"], results["end_to_end"]
+    vs_raw, e2e_raw, flushes = results["vs_raw"], results["e2e_vs_raw"], results["flushes"]
+    lines = [f"peers on the same work, regime: {title} (each peer also commits the effect, then "
+             "acks)",
+             f"{'case':<34}{'queue durability':<27}{'effects':<12}{'consume/s':>10}{'x raw':>7}"
+             f"{'e2e/s':>8}{'x raw':>7}{'fsyncs':>7}{'ours/it':>8}  guarantee"]
+
+    def row(name: str, label: str, queue: str, effects: str, ours: str, guarantee: str) -> str:
+        counted = flushes.get(name)
+        theirs = f"{vs_raw[ours] / vs_raw[name]:.2f}" if ours in vs_raw and ours != name else ""
+        return (f"{label[:33]:<34}{queue[:26]:<27}{effects[:11]:<12}{rates[name]:>10.0f}"
+                f"{vs_raw[name]:>7.2f}{e2e[name]:>8.0f}{e2e_raw[name]:>7.2f}"
+                f"{'' if counted is None else f'{counted:.2f}':>7}{theirs:>8}  {guarantee}")
+    for store, ours in (("sqlite", "single"), ("postgres", "pg_single_1")):
+        beside = [peer for peer in peers if peer["store"] == store]
+        if not beside:
+            continue
+        if ours in rates:
+            lines.append(row(ours, OURS_SAME_WORK[ours], results["durability"][ours],
+                             "in its ACK", ours, "exactly once"))
+        for peer in beside:
+            queue = peer["durability"].split("; effects")[0]
+            lines.append(row(peer["name"], peer["label"], queue,
+                             f"{peer['effects_journal_mode']}, {peer['effects_synchronous']}",
+                             ours, peer["guarantee"]))
+    return lines
+
+
+def same_work_notes(results: dict[str, Any]) -> list[str]:
+    """What each peer's guarantee on the same work rests on, with this run's crash probe."""
+    peers = {peer["peer"]: peer for peer in results.get("same_work", [])}
+    if not peers:
+        return []
+    probes = {**results.get("safety", {}), **results.get("pg_safety", {})}
+    lines = ["", *SAME_WORK_LEGEND, "what each peer on the same work guarantees, and why:"]
+    for name, peer in peers.items():
+        crash = probes.get(name, {}).get("crash")
+        seen = f" (this run's crash probe, a consumer killed between get and ack: {crash})" \
+            if crash else ""
+        lines.append(f"  {name}: {peer['guarantee']}: {peer['guarantee_why']}{seen}")
     return lines
 
 
@@ -89,8 +160,9 @@ def notes(results: dict[str, Any]) -> list[str]:
     slices = results["slices"] + (results.get("slow") or {}).get("slices", 0)
     lines.append(f"exactly-once: checked after each of {slices} slices (ours: the shared audit, "
                  "one effect per done event, each equal to its payload, a legal journal; a peer: "
-                 "every item put came back once, and on PostgreSQL its own tables count every "
-                 "job acknowledged once and none pending)")
+                 "every item put came back once, on PostgreSQL its own tables count every job "
+                 "acknowledged once and none pending, and on the same work the application's "
+                 "effects table holds one effect per event put, its category and amount exact)")
     counted = results.get("fsyncs")
     if counted is not None:
         lines.append("fsyncs per message (strace): not counted here (strace is missing or not "
@@ -161,11 +233,19 @@ def target_lines(results: dict[str, Any]) -> list[str]:
 
 
 def report(results: dict[str, Any]) -> list[str]:
-    """The printed tables: each regime, the peers' safety, the targets."""
+    """The printed tables: each regime, bare and on the same work, the peers' safety, the
+    targets."""
     lines = regime_table(results, "this machine's flush")
+    same = same_work_table(results, "this machine's flush")
+    lines += [""] + same if same else []
     slow = results.get("slow")
-    if slow is not None:
-        lines += [""] + (regime_table(slow, "2 ms added to every flush (slow-disk shim)")
-                         if "rates" in slow else [f"slow-disk regime: skipped ({slow['skipped']})"])
-    lines += notes(results) + safety_lines(results) + target_lines(results)
+    if slow is not None and "rates" not in slow:
+        lines += ["", f"slow-disk regime: skipped ({slow['skipped']})"]
+    elif slow is not None:
+        title = "2 ms added to every flush (slow-disk shim)"
+        lines += ["", *regime_table(slow, title)]
+        same = same_work_table(slow, title)
+        lines += [""] + same if same else []
+    lines += notes(results) + same_work_notes(results) + safety_lines(results) \
+        + target_lines(results)
     return lines

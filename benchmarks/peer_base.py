@@ -2,7 +2,9 @@
 
 ``peers.py`` (SQLite) and ``pgpeers.py`` (PostgreSQL) implement it for the
 libraries a Python user would pick; ``peer_safety.py`` and the peers'
-worker process speak only to this interface.
+worker process speak only to this interface. ``work`` is a peer on the
+same work as ours: between its get and its ack the consumer commits the
+message's effect in the application's own database (``app_effects.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to us
     sys.path.insert(0, str(ROOT))
 
+from app_effects import SqliteEffects, effect_of_item  # noqa: E402
 from bench_cases import payload_of  # noqa: E402
 
 from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
@@ -39,9 +42,12 @@ def id_of(item: str | bytes) -> str:
 class Adapter:
     """One queue library behind put / get / ack.
 
-    ``get`` returns ``(handle, event_id)`` or ``None`` when nothing is
-    ready; ``ack(handle)`` acknowledges it; ``consume(n)`` gets and acks
-    until ``n`` came or nothing is ready. ``pragmas`` reads the durability
+    ``take`` returns ``(handle, the item as put)`` or ``None`` when
+    nothing is ready, ``get`` the same with the item's event id;
+    ``ack(handle)`` acknowledges it; ``consume(n)`` gets and acks until
+    ``n`` came or nothing is ready; ``work(n)`` does the same work as our
+    worker loop: take, commit the effect in the application's database
+    opened by ``open_effects``, ack. ``pragmas`` reads the durability
     back from the library's own connection: ``journal_mode`` and
     ``synchronous`` on SQLite; on PostgreSQL whether its tables are
     WAL-logged and ``synchronous_commit``. ``variant`` is ``"defaults"``
@@ -57,9 +63,14 @@ class Adapter:
     ack_means = ""
     lease_seconds: float | None = None  # the safety probe's crash sets it where the library has one
     reader_judges_lease = False  # True: staleness is the dequeuer's parameter, not the claim's
+    # What a consumer on the same work (effect committed between get and ack,
+    # idempotent by event id) is then promised: a few words for the table, and why.
+    guarantee = ""
+    guarantee_why = ""
 
     def __init__(self, path: Path | str, variant: str = "defaults") -> None:
         self.path, self.variant = path, variant
+        self.effects: Any = None
 
     @classmethod
     def installed(cls) -> bool:
@@ -87,8 +98,12 @@ class Adapter:
     def put(self, items: list[str]) -> None:
         raise NotImplementedError
 
-    def get(self) -> tuple[Any, str] | None:
+    def take(self) -> tuple[Any, str | bytes] | None:
         raise NotImplementedError
+
+    def get(self) -> tuple[Any, str] | None:
+        taken = self.take()
+        return None if taken is None else (taken[0], id_of(taken[1]))
 
     def ack(self, handle: Any) -> None:
         raise NotImplementedError
@@ -98,6 +113,22 @@ class Adapter:
         while len(got) < n and (taken := self.get()) is not None:
             self.ack(taken[0])
             got.append(taken[1])
+        return got
+
+    def open_effects(self, where: str) -> dict[str, str]:
+        """Open the application's own database for ``work``; its durability, read back."""
+        self.effects = SqliteEffects(where)
+        return self.effects.pragmas()
+
+    def work(self, n: int) -> list[str]:
+        """Take, commit the effect (its own commit, idempotent by event id), ack;
+        until ``n`` came or nothing is ready. The event ids in the order they came."""
+        got: list[str] = []
+        while len(got) < n and (taken := self.take()) is not None:
+            event_id, effect = effect_of_item(taken[1])
+            self.effects.commit(event_id, effect)
+            self.ack(taken[0])
+            got.append(event_id)
         return got
 
     def recover_stalled(self, seconds: float) -> None:
@@ -123,7 +154,13 @@ class Adapter:
         return {"journal_mode": str(mode).upper(), "synchronous": SYNCHRONOUS.get(sync, str(sync))}
 
     def close(self) -> None:
+        self.close_effects()
         self.connection().close()
+
+    def close_effects(self) -> None:
+        if self.effects is not None:
+            self.effects.close()
+            self.effects = None
 
 
 def sqlite_mentions(path: Path, event_id: str) -> bool:

@@ -32,7 +32,20 @@ differs:
     storage's methods for task data.
 
 None of them writes an effect in the ack's transaction, as our ACK does:
-they are measured doing less work per message, on their own pragmas.
+in the bare comparison they are measured doing less work per message, on
+their own pragmas. On the same work (``SameWorkCase``) each consumer also
+does what that library's users do with a message: it commits the effect in
+the application's own database (``app_effects.py``), in a commit of its
+own, idempotent by the event id, between its get and its ack; every commit
+on both sides then waits for a flush. What that buys depends on where the
+library's get leaves the message: persist-queue and litequeue, and on
+PostgreSQL pgqueuer and procrastinate, keep it until the ack, so a
+consumer that dies after the effect's commit has it delivered again
+(persist-queue and pgqueuer by themselves, litequeue and procrastinate once
+someone retries it) and the effect's key keeps the second run from adding
+anything: at least once, with idempotent effects. huey's dequeue has
+already deleted it: a consumer that dies before the effect's commit loses
+it, at most once.
 
 The PostgreSQL peers (pgqueuer, procrastinate) live in ``pgpeers.py`` and
 run through this file's worker process and case, on the benchmark's server.
@@ -54,8 +67,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the cases live next to this file
     sys.path.insert(0, str(HERE))
 
+import app_effects  # noqa: E402
 from bench_cases import ROOT, Case, CheckFailed, Slice, Worker  # noqa: E402
-from peer_base import Adapter, id_of, item_of  # noqa: E402
+from peer_base import Adapter, item_of  # noqa: E402
 from pgpeers import PG_PEERS  # noqa: E402
 
 from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
@@ -65,6 +79,12 @@ from queue_core.lab.speed.slowdisk import flush_calls  # noqa: E402
 class PersistQueue(Adapter):
     name, dist, module = "persist-queue", "persist-queue", "persistqueue"
     ack_means = "ack marks the row acked (get had marked it unack in a second statement)"
+    guarantee = "at least once, deduped"
+    guarantee_why = ("the effect commits before the ack: a consumer that dies between them "
+                     "leaves the row unack, the next queue opened puts it back (auto_resume), "
+                     "and the effect's key makes the second run add nothing; the key also "
+                     "absorbs the items a reopened queue hands out while a live consumer "
+                     "still holds them")
 
     def __init__(self, path: Path | str, variant: str = "defaults") -> None:
         super().__init__(path, variant)
@@ -76,12 +96,12 @@ class PersistQueue(Adapter):
         for item in items:
             self.queue.put(item)
 
-    def get(self) -> tuple[Any, str] | None:
+    def take(self) -> tuple[Any, str | bytes] | None:
         try:
             got = self.queue.get(block=False, raw=True)
         except self.empty:
             return None
-        return got["pqid"], id_of(got["data"])
+        return got["pqid"], got["data"]
 
     def ack(self, handle: Any) -> None:
         self.queue.ack(id=handle)
@@ -94,6 +114,10 @@ class LiteQueue(Adapter):
     name, dist, module = "litequeue", "litequeue", "litequeue"
     variants = ("FULL", "defaults")  # its default is synchronous=NORMAL
     ack_means = "done(message_id) marks the locked row done; a dead consumer's row stays locked"
+    guarantee = "at least once after a retry, deduped"
+    guarantee_why = ("the effect commits before done(): a consumer that dies between them "
+                     "leaves the row locked until someone calls retry (nothing does by "
+                     "itself); the redelivery then finds the effect's key and adds nothing")
 
     def __init__(self, path: Path | str, variant: str = "defaults") -> None:
         super().__init__(path, variant)
@@ -106,9 +130,9 @@ class LiteQueue(Adapter):
         for item in items:
             self.queue.put(item)
 
-    def get(self) -> tuple[Any, str] | None:
+    def take(self) -> tuple[Any, str | bytes] | None:
         message = self.queue.pop()
-        return None if message is None else (message.message_id, id_of(message.data))
+        return None if message is None else (message.message_id, message.data)
 
     def ack(self, handle: Any) -> None:
         self.queue.done(handle)
@@ -120,6 +144,10 @@ class LiteQueue(Adapter):
 class Huey(Adapter):
     name, dist, module = "huey", "huey", "huey"
     ack_means = "none: dequeue deletes the row, so getting an item acknowledges it"
+    guarantee = "at most once"
+    guarantee_why = ("dequeue deletes the task before the work runs: a consumer that dies "
+                     "after the get and before the effect's commit loses the message; the "
+                     "effect's key only keeps an event enqueued twice from counting twice")
 
     def __init__(self, path: Path | str, variant: str = "defaults") -> None:
         super().__init__(path, variant)
@@ -130,9 +158,9 @@ class Huey(Adapter):
         for item in items:
             self.storage.enqueue(item.encode())
 
-    def get(self) -> tuple[Any, str] | None:
+    def take(self) -> tuple[Any, str | bytes] | None:
         data = self.storage.dequeue()
-        return None if data is None else (None, id_of(bytes(data)))
+        return None if data is None else (None, bytes(data))
 
     def ack(self, handle: Any) -> None:
         """Nothing to do: ``dequeue`` already deleted the task."""
@@ -141,6 +169,7 @@ class Huey(Adapter):
         return self.storage.conn
 
     def close(self) -> None:
+        self.close_effects()
         self.storage.close()
 
 
@@ -228,8 +257,12 @@ def missing_peers() -> list[str]:
 def worker_main() -> None:
     """Serve commands from stdin, one JSON object a line, one reply a line.
 
-    ``open``: open a peer's queue; ``put``: put items ``first`` ..
-    ``first + n - 1``; ``consume``: get and ack until ``n`` items came or
+    Each command names a peer, a variant and its ``work`` (``bare``, the
+    default, or ``same``): one queue is open per three. ``open``: open a
+    peer's queue, and with ``effects`` the application's database the
+    ``same`` work writes to; reply the durability read back from each.
+    ``put``: put items ``first`` .. ``first + n - 1``; ``consume``: get and
+    ack (``same``: get, commit the effect, ack) until ``n`` items came or
     nothing is ready, and reply the event ids in the order they came, with
     the flushes the slow-disk shim counted meanwhile (``None`` without it);
     ``settled``: the library's own count of acknowledged and pending items.
@@ -237,16 +270,19 @@ def worker_main() -> None:
     queues: dict[str, Adapter] = {}
     for line in sys.stdin:
         cmd = json.loads(line)
-        key = f"{cmd['peer']}/{cmd['variant']}"
+        key = f"{cmd['peer']}/{cmd['variant']}/{cmd.get('work', 'bare')}"
         reply: dict[str, Any] = {}
         if cmd["op"] == "open":
             queues[key] = ADAPTERS[cmd["peer"]](cmd["path"], cmd["variant"])
             reply = queues[key].pragmas()
+            if cmd.get("effects"):
+                reply["effects"] = queues[key].open_effects(cmd["effects"])
         elif cmd["op"] == "put":
             queues[key].put([item_of(i) for i in range(cmd["first"], cmd["first"] + cmd["n"])])
         elif cmd["op"] == "consume":
+            queue = queues[key]
             before = flush_calls()
-            got = queues[key].consume(cmd["n"])
+            got = queue.work(cmd["n"]) if cmd.get("work") == "same" else queue.consume(cmd["n"])
             after = flush_calls()
             reply = {"got": got, "flushes": None if before is None or after is None
                      else after - before}
@@ -264,7 +300,10 @@ class PeerWorker(Worker):
         super().__init__(__file__)
 
 
-# -- the case -------------------------------------------------------------------
+# -- the cases ------------------------------------------------------------------
+
+FSYNCING = ("FULL", "EXTRA", "on", "remote_apply")  # a commit waits for the disk's flush
+
 
 class PeerCase(Case):
     """Put a slice of items (one per commit), then get and ack them one at a
@@ -277,22 +316,31 @@ class PeerCase(Case):
     hold every item put so far acknowledged once and nothing pending.
     """
 
+    work = "bare"  # get + ack; ``SameWorkCase``: the effect committed between them
+    prefix, suffix = "peer", ""
+
     def __init__(self, adapter: type[Adapter], variant: str, where: Path | Schemas, n: int,
                  worker: PeerWorker) -> None:
-        super().__init__(f"peer_{adapter.name}_{variant}", f"{adapter.name} {variant}",
+        super().__init__(f"{self.prefix}_{adapter.name}_{variant}",
+                         f"{adapter.name} {variant}{self.suffix}",
                          baseline="raw" if adapter.store == "sqlite" else "pg_raw")
         self.peer, self.variant, self.n, self.worker = adapter.name, variant, n, worker
         self.store, self.version, self.ack_means = adapter.store, adapter.version(), adapter.ack_means
         self.next_id = 0
-        self.pragmas = worker.call(op="open", peer=self.peer, variant=variant,
-                                   path=adapter.fresh(where, f"peer_{variant}".lower()))
+        self.where = {"peer": self.peer, "variant": variant, "work": self.work}
+        self.path = adapter.fresh(where, f"{self.prefix}_{variant}".lower())
+        self.pragmas = worker.call(op="open", path=self.path, **self.where, **self.opening(where))
+
+    def opening(self, where: Path | Schemas) -> dict[str, Any]:
+        """What else ``open`` needs (nothing: the bare work has no database of its own)."""
+        return {}
 
     def slice(self) -> Slice:
-        first, where = self.next_id, {"peer": self.peer, "variant": self.variant}
+        first = self.next_id
         start = time.perf_counter()
-        self.worker.call(op="put", first=first, n=self.n, **where)
+        self.worker.call(op="put", first=first, n=self.n, **self.where)
         put = time.perf_counter()
-        reply = self.worker.call(op="consume", n=self.n, **where)
+        reply = self.worker.call(op="consume", n=self.n, **self.where)
         end = time.perf_counter()
         got = reply["got"]
         self.next_id += self.n
@@ -300,11 +348,15 @@ class PeerCase(Case):
         if sorted(got) != wanted:
             raise CheckFailed(f"{self.name}: got {len(got)} items ({len(set(got))} distinct) "
                               f"for the {self.n} put")
-        settled = self.worker.call(op="settled", **where)["settled"]
+        settled = self.worker.call(op="settled", **self.where)["settled"]
         if settled is not None and tuple(settled) != (self.next_id, 0):
             raise CheckFailed(f"{self.name}: its tables count (acknowledged, pending) = "
                               f"{tuple(settled)}, expected {(self.next_id, 0)}")
+        self.check_more()
         return Slice(self.n, end - put, end - start, reply["flushes"])
+
+    def check_more(self) -> None:
+        """The work's own check after a slice (none for the bare work)."""
 
     def durability(self) -> str:
         """Its journal and synchronous setting, and whose choice that is."""
@@ -312,11 +364,59 @@ class PeerCase(Case):
         return f"{self.pragmas['journal_mode']}, {self.pragmas['synchronous']} ({chosen})"
 
     def fsyncs_every_commit(self) -> bool:
-        return self.pragmas["synchronous"] in ("FULL", "EXTRA", "on", "remote_apply")
+        return self.pragmas["synchronous"] in FSYNCING
 
     def info(self) -> dict[str, Any]:
         return {"peer": self.peer, "variant": self.variant, "version": self.version,
-                "store": self.store, "ack": self.ack_means, **self.pragmas}
+                "store": self.store, "ack": self.ack_means,
+                **{k: v for k, v in self.pragmas.items() if k != "effects"}}
+
+
+class SameWorkCase(PeerCase):
+    """A peer on the same work as our worker loop: its consumer gets a message,
+    commits the message's effect in the application's own database (its own
+    commit, ``INSERT ... ON CONFLICT (event_id) DO NOTHING``), then acks.
+
+    On SQLite the application's database is a file of its own beside the
+    queue's, in WAL mode at ``synchronous=FULL``; on PostgreSQL an effects
+    table in the queue's schema, written on the consumer's own connection at
+    ``synchronous_commit = on``. Only variants whose every queue commit
+    fsyncs run: both sides fsync every commit a caller relies on.
+
+    After every slice, besides the items: the effects table holds one effect
+    per item put so far, its category and amount exact (``app_effects.check``).
+    """
+
+    work, prefix, suffix = "same", "same", " + effect"
+
+    def __init__(self, adapter: type[Adapter], variant: str, where: Path | Schemas, n: int,
+                 worker: PeerWorker) -> None:
+        self.guarantee, self.guarantee_why = adapter.guarantee, adapter.guarantee_why
+        super().__init__(adapter, variant, where, n, worker)
+        self.effects_pragmas: dict[str, str] = self.pragmas["effects"]
+        if not (self.fsyncs_every_commit()
+                and self.effects_pragmas["synchronous"] in FSYNCING):
+            raise ValueError(f"{self.name}: not every commit fsyncs ({self.pragmas})")
+
+    def opening(self, where: Path | Schemas) -> dict[str, Any]:
+        self.effects_at = (self.path if isinstance(where, Schemas)
+                           else str(where / f"app-{self.peer}-{self.variant}.sqlite3".lower()))
+        return {"effects": self.effects_at}
+
+    def check_more(self) -> None:
+        wrong = app_effects.check(app_effects.rows(self.effects_at), self.next_id)
+        if wrong is not None:
+            raise CheckFailed(f"{self.name}: the application's effects table holds {wrong}")
+
+    def durability(self) -> str:
+        return (f"{super().durability()}; effects "
+                f"{self.effects_pragmas['journal_mode']}, {self.effects_pragmas['synchronous']}")
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "guarantee": self.guarantee,
+                "guarantee_why": self.guarantee_why,
+                "effects_journal_mode": self.effects_pragmas["journal_mode"],
+                "effects_synchronous": self.effects_pragmas["synchronous"]}
 
 
 def build_peer_cases(where: Path | Schemas, n: int, worker: PeerWorker,
@@ -326,6 +426,18 @@ def build_peer_cases(where: Path | Schemas, n: int, worker: PeerWorker,
     return [PeerCase(adapter, variant, where, n, worker)
             for adapter in installed_peers(store) for variant in adapter.variants
             if variants is None or variant in variants]
+
+
+def same_work_variant(adapter: type[Adapter]) -> str:
+    """The variant at our durability: ``FULL`` where the bench sets it, else its defaults."""
+    return "FULL" if "FULL" in adapter.variants else "defaults"
+
+
+def build_same_work_cases(where: Path | Schemas, n: int, worker: PeerWorker,
+                          store: str = "sqlite") -> list[SameWorkCase]:
+    """A case on the same work per installed peer of ``store``, at our durability."""
+    return [SameWorkCase(adapter, same_work_variant(adapter), where, n, worker)
+            for adapter in installed_peers(store)]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:

@@ -32,6 +32,9 @@ of its own on the benchmark's server.
     ``get_stalled_jobs``).
 
 Neither writes a business effect in the ack's transaction, as our ACK does.
+On the same work (``work``), the consumer commits the effect between the
+get and the ack in an effects table of the same database, on a connection
+of its own (``app_effects.PgEffects``), as their users' handlers do.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Coroutine, TypeVar
 
+from app_effects import PgEffects, effect_of_item
 from peer_base import Adapter, id_of
 
 T = TypeVar("T")
@@ -66,8 +70,8 @@ class AsyncAdapter(Adapter):
     def put(self, items: list[str]) -> None:
         self.run(self._put(items))
 
-    def get(self) -> tuple[Any, str] | None:
-        return self.run(self._get())
+    def take(self) -> tuple[Any, str | bytes] | None:
+        return self.run(self._take())
 
     def ack(self, handle: Any) -> None:
         self.run(self._ack(handle))
@@ -75,11 +79,33 @@ class AsyncAdapter(Adapter):
     def consume(self, n: int) -> list[str]:
         return self.run(self._consume(n))
 
+    async def _get(self) -> tuple[Any, str] | None:
+        taken = await self._take()
+        return None if taken is None else (taken[0], id_of(taken[1]))
+
     async def _consume(self, n: int) -> list[str]:
         got: list[str] = []
         while len(got) < n and (taken := await self._get()) is not None:
             await self._ack(taken[0])
             got.append(taken[1])
+        return got
+
+    def open_effects(self, where: str) -> dict[str, str]:
+        """An effects table in ``where`` (the same database), on a connection of its own."""
+        self.effects = PgEffects(where)
+        self.run(self.effects.open())
+        return self.run(self.effects.pragmas())
+
+    def work(self, n: int) -> list[str]:
+        return self.run(self._work(n))
+
+    async def _work(self, n: int) -> list[str]:
+        got: list[str] = []
+        while len(got) < n and (taken := await self._take()) is not None:
+            event_id, effect = effect_of_item(taken[1])
+            await self.effects.commit(event_id, effect)
+            await self._ack(taken[0])
+            got.append(event_id)
         return got
 
     def pragmas(self) -> dict[str, str]:
@@ -92,6 +118,9 @@ class AsyncAdapter(Adapter):
         return {"journal_mode": "/".join(found) or "none", "synchronous": str(sync)}
 
     def close(self) -> None:
+        if self.effects is not None:
+            self.run(self.effects.close())
+            self.effects = None
         self.run(self._close())
         self.loop.close()
 
@@ -107,7 +136,7 @@ class AsyncAdapter(Adapter):
     async def _put(self, items: list[str]) -> None:
         raise NotImplementedError
 
-    async def _get(self) -> tuple[Any, str] | None:
+    async def _take(self) -> tuple[Any, str | bytes] | None:
         raise NotImplementedError
 
     async def _ack(self, handle: Any) -> None:
@@ -120,6 +149,12 @@ class PgQueuer(AsyncAdapter):
     ack_means = ("log_jobs deletes the row by id and logs it: no check that it is still "
                  "this consumer's pick; a stale heartbeat (30 s) lets anyone pick it again")
     lease_seconds = 30.0  # its heartbeat_timeout default
+    guarantee = "at least once, deduped"
+    guarantee_why = ("the effect commits before log_jobs: a consumer that dies between them "
+                     "leaves the job picked, any consumer picks it again once its heartbeat "
+                     "is stale (30 s), and the effect's key makes the second run add nothing; "
+                     "the key also absorbs a late ack's double run (log_jobs deletes the job "
+                     "under its new owner, and both ran it)")
     reader_judges_lease = True  # each dequeue says how old a heartbeat may be
 
     async def _open(self) -> None:
@@ -145,12 +180,12 @@ class PgQueuer(AsyncAdapter):
         for item in items:
             await self.queries.enqueue(ENTRYPOINT, item.encode())
 
-    async def _get(self) -> tuple[Any, str] | None:
+    async def _take(self) -> tuple[Any, str | bytes] | None:
         jobs = await self.queries.dequeue(
             batch_size=1, entrypoints=self.entrypoints, queue_manager_id=self.manager_id,
             global_concurrency_limit=None,
             heartbeat_timeout=timedelta(seconds=float(self.lease_seconds or 30)))
-        return (jobs[0], id_of(jobs[0].payload)) if jobs else None
+        return (jobs[0], jobs[0].payload) if jobs else None
 
     async def _ack(self, handle: Any) -> None:
         await self.queries.log_jobs([(handle, "successful", None)])
@@ -176,6 +211,11 @@ class Procrastinate(AsyncAdapter):
     tables = "procrastinate%"
     ack_means = ("finish_job sets succeeded by id if the job is todo or doing: no worker "
                  "check; a dead worker's job stays doing until someone calls retry_job")
+    guarantee = "at least once after a retry, deduped"
+    guarantee_why = ("the effect commits before finish_job: a worker that dies between them "
+                     "leaves the job doing until someone calls retry_job (the documented "
+                     "periodic task over get_stalled_jobs); the rerun then finds the effect's "
+                     "key and adds nothing")
 
     async def _open(self) -> None:
         import procrastinate
@@ -204,9 +244,9 @@ class Procrastinate(AsyncAdapter):
         for item in items:
             await self.task.defer_async(item=item)
 
-    async def _get(self) -> tuple[Any, str] | None:
+    async def _take(self) -> tuple[Any, str | bytes] | None:
         job = await self.manager.fetch_job(None, self.worker_id)
-        return None if job is None else (job, id_of(job.task_kwargs["item"]))
+        return None if job is None else (job, job.task_kwargs["item"])
 
     async def _ack(self, handle: Any) -> None:
         from procrastinate.jobs import Status

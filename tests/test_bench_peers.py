@@ -1,11 +1,14 @@
 """The SQLite peer queues of ``make bench``: declared in the bench extra,
 installed by ``make setup``, driven through the same put / get / ack, and
-our queue's safety probe passing; the report's targets and exit status.
-The PostgreSQL peers are ``test_bench_pg_peers``'s."""
+our queue's safety probe passing; each peer on the same work as ours (its
+effect committed in the application's own file, then acked) and what it
+then guarantees; the report's targets and exit status. The PostgreSQL
+peers are ``test_bench_pg_peers``'s."""
 
 from __future__ import annotations
 
 import re
+import sqlite3
 import sys
 import tomllib
 from pathlib import Path
@@ -16,11 +19,13 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import app_effects  # noqa: E402
 import bench  # noqa: E402
 import bench_report  # noqa: E402
 import peer_safety  # noqa: E402
 from bench_cases import CheckFailed  # noqa: E402
-from peers import OURS, PEERS, PG_PEERS, item_of  # noqa: E402
+from peers import (OURS, PEERS, PG_PEERS, PeerWorker, SameWorkCase, item_of,  # noqa: E402
+                   same_work_variant)
 from test_setup import makefile_targets, requirement  # noqa: E402
 
 SQLITE_QUEUES = {name: adapter for name, adapter in {**PEERS, **OURS}.items()
@@ -150,3 +155,165 @@ def test_a_missed_target_still_exits_0_and_a_failed_check_exits_1(
 
     assert bench.main([]) == 1
     assert "EXACTLY-ONCE CHECK FAILED" in capsys.readouterr().out
+
+
+# -- the peers on the same work -------------------------------------------------
+
+def on_the_same_work(name: str, where: Path, app: Path) -> tuple[object, dict[str, str]]:
+    """The peer at our durability, with the application's own file opened beside it."""
+    adapter = PEERS[name]
+    queue = adapter(where, same_work_variant(adapter))
+    return queue, queue.open_effects(str(app))
+
+
+@pytest.mark.parametrize("name", list(PEERS))
+def test_a_peer_on_the_same_work_commits_one_effect_per_event_even_when_it_comes_twice(
+        name: str, tmp_path: Path) -> None:
+    queue, effects = on_the_same_work(name, tmp_path / "queue.sqlite3", tmp_path / "app.sqlite3")
+    try:
+        queue.put([item_of(i) for i in range(4)] + [item_of(1)])  # the source repeats E0001
+        got = queue.work(10)
+        pragmas = queue.pragmas()
+    finally:
+        queue.close()
+
+    assert sorted(got) == ["E0000", "E0001", "E0001", "E0002", "E0003"]
+    found = app_effects.rows(str(tmp_path / "app.sqlite3"))
+    assert found == [("E0000", "book", 100), ("E0001", "pen", 101), ("E0002", "bag", 102),
+                     ("E0003", "book", 103)]
+    assert sum(row[2] for row in found) == 406
+    assert effects == {"journal_mode": "WAL", "synchronous": "FULL"}
+    assert pragmas["synchronous"] == "FULL"  # litequeue at FULL; the others' defaults
+
+
+# What a consumer that dies after committing the effect, before its ack, leaves:
+# the message handed out again by the library, or held until someone retries it.
+AFTER_A_DEATH = {"persist-queue": "redelivered", "litequeue": "held", "huey": "gone"}
+GUARANTEE = {"redelivered": "at least once, deduped", "held": "at least once after a retry, deduped",
+             "gone": "at most once"}
+
+
+@pytest.mark.parametrize("name", list(PEERS))
+def test_a_consumer_dead_after_the_effect_leaves_what_its_guarantee_says_and_no_second_effect(
+        name: str, tmp_path: Path) -> None:
+    where, app = tmp_path / "queue.sqlite3", tmp_path / "app.sqlite3"
+    first, _ = on_the_same_work(name, where, app)
+    first.put([item_of(i) for i in range(3)])
+    handle, item = first.take() or (None, "")
+    event_id, effect = app_effects.effect_of_item(item)
+    assert first.effects.commit(event_id, effect)
+    first.close()  # the consumer dies here: the effect committed, no ack
+    second, _ = on_the_same_work(name, where, app)
+    try:
+        again = second.work(10)
+        outcome = "redelivered" if event_id in again else "gone"
+        if outcome == "gone" and name == "litequeue":  # the remedy nothing calls by itself
+            second.queue.retry(handle)
+            again += second.work(10)
+            outcome = "held" if event_id in again else "gone"
+    finally:
+        second.close()
+
+    assert outcome == AFTER_A_DEATH[name]
+    assert GUARANTEE[outcome] == PEERS[name].guarantee
+    assert app_effects.rows(str(app)) == app_effects.expected(3)  # each once, the money exact
+
+
+def test_huey_dequeues_before_the_work_so_a_death_before_the_effect_loses_the_message(
+        tmp_path: Path) -> None:
+    where, app = tmp_path / "queue.sqlite3", tmp_path / "app.sqlite3"
+    first, _ = on_the_same_work("huey", where, app)
+    first.put([item_of(i) for i in range(3)])
+    _, item = first.take() or (None, "")
+    first.close()  # the consumer dies after the get, before the effect's commit
+    second, _ = on_the_same_work("huey", where, app)
+    try:
+        again = second.work(10)
+    finally:
+        second.close()
+
+    lost = app_effects.effect_of_item(item)[0]
+    assert lost not in again and sorted(again) == sorted({"E0000", "E0001", "E0002"} - {lost})
+    assert [row[0] for row in app_effects.rows(str(app))] == sorted(again)
+    assert "at most once" in PEERS["huey"].guarantee and "deletes" in PEERS["huey"].guarantee_why
+
+
+def test_a_same_work_case_checks_the_effects_table_after_every_slice(tmp_path: Path) -> None:
+    worker = PeerWorker()
+    try:
+        case = SameWorkCase(PEERS["litequeue"], "FULL", tmp_path, 4, worker)
+        first, second = case.slice(), case.slice()
+        conn = sqlite3.connect(case.effects_at)
+        conn.execute("UPDATE effects SET amount_cents = amount_cents + 1 WHERE event_id = 'E0002'")
+        conn.commit()
+        conn.close()
+        with pytest.raises(CheckFailed, match="effects table holds 12 effects"):
+            case.slice()
+    finally:
+        worker.close()
+
+    assert (first.messages, second.messages, case.name) == (4, 4, "same_litequeue_FULL")
+    assert case.durability() == "WAL, FULL (set by bench); effects WAL, FULL"
+    assert case.info()["guarantee"] == "at least once after a retry, deduped"
+
+
+def test_a_peer_that_does_not_fsync_every_commit_is_not_put_on_the_same_work(
+        tmp_path: Path) -> None:
+    worker = PeerWorker()
+    try:
+        with pytest.raises(ValueError, match="not every commit fsyncs"):
+            SameWorkCase(PEERS["litequeue"], "defaults", tmp_path, 4, worker)
+    finally:
+        worker.close()
+
+    assert {name: same_work_variant(adapter) for name, adapter in PEERS.items()} == \
+        {"persist-queue": "defaults", "litequeue": "FULL", "huey": "defaults"}
+
+
+def test_make_bench_runs_the_same_work_in_both_regimes_and_the_notebook_run_leaves_it_out() -> None:
+    assert bench.FULL.same_work and bench.SLOW.same_work
+    assert not bench.PEERS_QUICK.same_work and not bench.QUICK.same_work
+
+
+def test_a_run_on_the_same_work_prints_its_own_table_with_each_guarantee(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = bench.replace(bench.PEERS_QUICK, rounds=2, single=5, k10=10, k100=20,
+                         batches=(1,), safety=(0, 0), normal=False, same_work=True)
+    results = bench.run(plan=plan)
+    monkeypatch.setattr(bench, "run", lambda **_: results)
+
+    assert bench.main([]) == 0
+    out = capsys.readouterr().out
+    table = out.split("peers on the same work, regime: this machine's flush")[1].split("\n\n")[0]
+    rows = {line.split("  ")[0]: line for line in table.splitlines()[2:]}
+    assert set(rows) == {"ours, the worker loop", *(f"{name} {same_work_variant(adapter)} + effect"
+                                                    for name, adapter in PEERS.items())}
+    assert rows["ours, the worker loop"].endswith("exactly once")
+    assert rows["huey defaults + effect"].endswith("at most once")
+    assert rows["persist-queue defaults + effect"].endswith("at least once, deduped")
+    assert "WAL, FULL" in rows["litequeue FULL + effect"]
+    assert {peer["peer"] for peer in results["same_work"]} == set(PEERS)
+    assert all(not name.startswith("same_") for peer in results["peers"] for name in [peer["name"]])
+    assert "the application's effects table holds one effect per event put" in out
+    assert "SQLite single vs fastest peer, same work" in out
+
+
+def test_the_same_work_targets_set_our_worker_loop_against_the_fastest_such_peer() -> None:
+    same = [dict(peer("slow", "FULL", 0.2), effects_synchronous="FULL"),
+            dict(peer("fast", "FULL", 0.4), effects_synchronous="FULL"),
+            dict(peer("pgq", "on", 0.2, "postgres"), effects_synchronous="on")]
+    slow = results_with({"single": 0.9}, [], same_work=[dict(same[1], vs_raw=0.5)])
+    results = results_with({"single": 0.5, "pg_single_1": 0.34}, [peer("bare", "FULL", 0.9)],
+                           same_work=same, slow=slow)
+    rows = {row["name"]: row for row in bench_report.evaluate(results)}
+
+    fast = rows["SQLite single vs fastest peer, same work"]
+    assert (round(fast["value"], 6), fast["bound"], fast["met"], fast["against"]) == \
+        (1.25, 1.4, False, "fast FULL + effect FULL")
+    slowly = rows["SQLite single vs fastest peer, same work, 2 ms flush"]
+    assert (round(slowly["value"], 6), slowly["bound"], slowly["met"]) == (1.8, 1.9, False)
+    pg = rows["PostgreSQL single vs fastest peer, same work"]
+    assert (round(pg["value"], 6), pg["bound"], pg["met"], pg["against"]) == \
+        (1.7, 1.6, True, "pgq on + effect on")
+    # the bare peer is not on the same work: it does not count there
+    assert rows["SQLite single vs fastest fsyncing peer"]["against"] == "bare FULL"

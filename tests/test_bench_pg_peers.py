@@ -1,12 +1,15 @@
 """The PostgreSQL peer queues of ``make bench`` (pgqueuer, procrastinate) on a
 private server: the same put / get / ack as the SQLite peers, counted in their
 own tables, their durability read back, and the two-consumer and crash probes
-beside ours. Without a server these tests skip, or fail where
-``QUEUE_CORE_PG_REQUIRED=1`` (``pg.py``)."""
+beside ours; each on the same work as ours (its effect committed in an effects
+table of the same database, then acked) and what it then guarantees. Without a
+server these tests skip, or fail where ``QUEUE_CORE_PG_REQUIRED=1``
+(``pg.py``)."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -16,10 +19,11 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import app_effects  # noqa: E402
 import fencing  # noqa: E402
 import peer_safety  # noqa: E402
 from bench_cases import CheckFailed  # noqa: E402
-from peers import PG_PEERS, PeerCase, PeerWorker, item_of  # noqa: E402
+from peers import PG_PEERS, PeerCase, PeerWorker, SameWorkCase, item_of  # noqa: E402
 
 from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
 
@@ -101,3 +105,99 @@ def test_only_ours_refuses_a_late_ack_for_an_item_another_consumer_now_holds(
     assert found["pgqueuer"]["settled_after_a"] == (1, 0)
     assert found["procrastinate"]["late_ack"] == "accepted"
     assert found["procrastinate"]["b_ack"].startswith("refused")
+
+
+# -- the peers on the same work -------------------------------------------------
+
+@pytest.mark.parametrize("name", list(PG_PEERS))
+def test_a_postgres_peer_on_the_same_work_commits_one_effect_per_event_even_when_it_comes_twice(
+        name: str, pg_dsn: str) -> None:
+    queue = PG_PEERS[name](pg_dsn)
+    try:
+        effects = queue.open_effects(pg_dsn)  # a table in the same database, the same schema
+        queue.put([item_of(i) for i in range(4)] + [item_of(1)])  # the source repeats E0001
+        got = queue.work(10)
+        settled = queue.settled()
+    finally:
+        queue.close()
+
+    assert sorted(got) == ["E0000", "E0001", "E0001", "E0002", "E0003"]
+    assert settled == (5, 0)  # the library acknowledged every job, the repeat included
+    found = app_effects.rows(pg_dsn)
+    assert found == [("E0000", "book", 100), ("E0001", "pen", 101), ("E0002", "bag", 102),
+                     ("E0003", "book", 103)]
+    assert sum(row[2] for row in found) == 406
+    assert effects == {"journal_mode": "LOGGED", "synchronous": "on"}
+
+
+def test_a_pgqueuer_consumer_dead_after_the_effect_is_picked_again_and_adds_no_effect(
+        pg_dsn: str) -> None:
+    adapter = PG_PEERS["pgqueuer"]
+    first = adapter(pg_dsn)
+    first.open_effects(pg_dsn)
+    first.put([item_of(i) for i in range(3)])
+    _, item = first.take() or (None, "")
+    event_id, effect = app_effects.effect_of_item(item)
+    assert first.run(first.effects.commit(event_id, effect))
+    first.close()  # the consumer dies here: the effect committed, no log_jobs
+    stale_soon = type("PgQueuerShortHeartbeat", (adapter,), {"lease_seconds": 0.2})
+    time.sleep(0.3)  # its heartbeat is now stale for a dequeue that allows 0.2 s
+    second = stale_soon(pg_dsn)
+    try:
+        second.open_effects(pg_dsn)
+        again = second.work(10)
+        settled = second.settled()
+    finally:
+        second.close()
+
+    assert event_id in again and sorted(again) == ["E0000", "E0001", "E0002"]
+    assert settled == (3, 0)
+    assert app_effects.rows(pg_dsn) == app_effects.expected(3)  # the second run added nothing
+    assert adapter.guarantee == "at least once, deduped"
+
+
+def test_a_procrastinate_job_whose_worker_died_after_the_effect_waits_for_a_retry_then_adds_nothing(
+        pg_dsn: str) -> None:
+    adapter = PG_PEERS["procrastinate"]
+    first = adapter(pg_dsn)
+    first.open_effects(pg_dsn)
+    first.put([item_of(i) for i in range(3)])
+    _, item = first.take() or (None, "")
+    event_id, effect = app_effects.effect_of_item(item)
+    assert first.run(first.effects.commit(event_id, effect))
+    first.close()  # the worker stops here: the effect committed, no finish_job
+    second = adapter(pg_dsn)
+    try:
+        second.open_effects(pg_dsn)
+        before_retry = second.work(10)
+        held = second.settled()
+        second.recover_stalled(30)  # the documented periodic task: retry_job each stalled job
+        after_retry = second.work(10)
+        settled = second.settled()
+    finally:
+        second.close()
+
+    assert event_id not in before_retry and len(before_retry) == 2
+    assert held == (2, 1)  # still doing: nobody hands it out by itself
+    assert after_retry == [event_id] and settled == (3, 0)
+    assert app_effects.rows(pg_dsn) == app_effects.expected(3)  # the rerun added nothing
+    assert adapter.guarantee == "at least once after a retry, deduped"
+
+
+def test_a_postgres_same_work_case_checks_the_effects_table_after_every_slice(
+        schemas: Schemas) -> None:
+    worker = PeerWorker()
+    try:
+        case = SameWorkCase(PG_PEERS["procrastinate"], "defaults", schemas, 4, worker)
+        first, second = case.slice(), case.slice()
+        import psycopg
+        with psycopg.connect(case.effects_at, autocommit=True) as conn:
+            conn.execute("DELETE FROM effects WHERE event_id = 'E0005'")
+        with pytest.raises(CheckFailed, match="effects table holds 11 effects"):
+            case.slice()
+    finally:
+        worker.close()
+
+    assert (first.messages, second.messages, case.baseline) == (4, 4, "pg_raw")
+    assert case.durability() == "LOGGED, on (its defaults); effects LOGGED, on"
+    assert case.effects_at == case.path  # the same schema of the same database
