@@ -178,6 +178,16 @@ def test_make_test_runs_the_unit_tests_then_strict_nbval_with_the_venv_python() 
         assert recipe and all(line.startswith("$(PY) ") for line in recipe), (name, recipe)
 
 
+def test_make_course_serves_the_checkout_so_that_the_chapters_links_out_of_notebooks_open(
+        ) -> None:
+    # a server rooted in notebooks/ cannot open ../EXERCISES.md, ../README.md or the source
+    (recipe,) = makefile_targets()["course"][1]
+    assert "--ServerApp.root_dir=$(CURDIR)" in recipe
+    assert "--LabApp.default_url=/lab/tree/notebooks/00_overview.ipynb" in recipe
+    assert not any(part.endswith(".ipynb") and not part.startswith("--")
+                   for part in recipe.split())  # a notebook as argument roots the server there
+
+
 def test_ci_runs_readme_test_command_and_stops_on_failure() -> None:
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     lines = [line.strip() for line in script.splitlines()
