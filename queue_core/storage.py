@@ -121,13 +121,25 @@ def connect(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> sqlit
     conn = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_SECONDS,
                            isolation_level=None)
     try:
-        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA foreign_keys = ON")  # the first statement reads the schema
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_PAGES}")
+    except UnicodeDecodeError:
+        conn.close()
+        raise damaged(path) from None
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def damaged(path: str | os.PathLike[str]) -> UnusableFile:
+    """The refusal of a file whose pages hold text that is not UTF-8: an overwritten
+    schema page makes SQLite's own error quote the broken text, and Python then
+    cannot even decode the error (``UnicodeDecodeError``, not a ``DatabaseError``);
+    an overwritten data page does the same to a row that is read."""
+    return UnusableFile("not_a_database", f"{os.fspath(path)} is damaged: SQLite read text "
+                        "that is not UTF-8 from it (a page of the file was overwritten)")
 
 
 def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
@@ -176,6 +188,13 @@ def read(path: str | os.PathLike[str], body: Callable[[sqlite3.Connection], T]) 
       the ``-wal`` and ``-shm`` already there, and in rollback mode a reader
       makes no file at all.
     """
+    try:
+        return _read(path, body)
+    except UnicodeDecodeError:
+        raise damaged(path) from None
+
+
+def _read(path: str | os.PathLike[str], body: Callable[[sqlite3.Connection], T]) -> T:
     roll_back_hot_journal(path)
     name = Path(path).resolve().as_posix()
     for _ in range(_UNCHANGED_TRIES):

@@ -169,3 +169,44 @@ def test_opening_a_marked_queue_writes_nothing_and_takes_no_lock(tmp_path: Path)
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
+
+
+def overwritten_schema(path: Path) -> None:
+    """A real queue whose tables' definitions were overwritten on disk: SQLite's error
+    then quotes text that is not UTF-8, which Python cannot decode."""
+    queue = Queue(path, clock=ModelClock(1000))
+    queue.enqueue_file(DATA / "demo.jsonl")
+    del queue
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"tableeffectseffects") + len(b"table")  # its name, as sqlite_master holds it
+    raw[at:at + 200] = b"\xfe" * 200
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("command", [("status",), ("metrics", "--json"), ("work",),
+                                     ("redrive", "E0004"), ("enqueue", str(DATA / "demo.jsonl"))])
+def test_a_queue_whose_schema_page_was_overwritten_is_refused_in_one_line_and_left_as_it_is(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    db = tmp_path / "queue.sqlite3"
+    overwritten_schema(db)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+
+    done = cli(db, *command)
+
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (f"error: not_a_database: {db} is damaged: SQLite read text that is "
+                           "not UTF-8 from it (a page of the file was overwritten)\n")
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["queue.sqlite3"]
+
+
+def test_the_api_refuses_an_overwritten_schema_with_a_code_not_a_decoding_error(
+        tmp_path: Path) -> None:
+    db = tmp_path / "queue.sqlite3"
+    overwritten_schema(db)
+    queue = Queue(db, clock=ModelClock(1000))
+
+    for call in (queue.status, queue.metrics, queue.claim):
+        with pytest.raises(UnusableFile) as refused:
+            call()
+        assert refused.value.code == "not_a_database" and "is damaged" in str(refused.value)
