@@ -10,6 +10,8 @@ starts with ``misplaced_option:`` for an option on the wrong side of the
 command, ``--db``/``--now`` after it or the command's own option before it,
 with ``unknown_option:`` for an option its side does not have, shown with the
 usage of the parser that would have taken it and the closest option there is,
+with ``unknown_command:`` for a word where the command goes that is none, with
+the closest command,
 and with ``unused_option:`` for ``--db``/``--now`` given to ``demo``); 1 for
 an operational error (a file that is not the queue's, a missing queue file
 for any command but ``enqueue``: ``no_queue_file``, a missing folder, or a
@@ -155,6 +157,9 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     misplaced = _misplaced_options(argv, parser)
     if misplaced is not None:
         parser.error(misplaced)
+    misspelt = _unknown_command(argv, parser)
+    if misspelt is not None:
+        parser.error(misspelt)
     unknown = _unknown_options(argv, parser)
     if unknown is not None:
         owner, refusal = unknown
@@ -165,9 +170,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     given = [name for name, value in (("--db", args.db), ("--now", args.now))
              if value is not None]
     if args.command == "demo" and given:
-        parser.error(f"unused_option: demo takes no {' and no '.join(given)}: it runs in a "
-                     "temporary database of its own, on its own model clock, as in: "
-                     "queue-core demo")
+        parser.error(_unused_by_demo(given))
     args.db = DEFAULT_DB if args.db is None else args.db
     return args
 
@@ -294,6 +297,8 @@ def _misplaced_options(argv: list[str], parser: argparse.ArgumentParser) -> str 
     late, kept_after = _options_among(argv[at + 1:], parser)
     if not early and not late:
         return None
+    if command == "demo" and late and not early:  # demo takes them on neither side
+        return _unused_by_demo(sorted(late))
     fixed = ["queue-core", *kept_before, *sum(late.values(), []), command,
              *sum(early.values(), []), *kept_after]
     where = [f"{' and '.join(sorted(late))} must come before the command {command!r}"] \
@@ -302,6 +307,35 @@ def _misplaced_options(argv: list[str], parser: argparse.ArgumentParser) -> str 
         where.append(" and ".join(sorted(early)) + (" after it" if late else
                                                     f" must come after the command {command!r}"))
     return f"misplaced_option: {' and '.join(where)}, as in: {' '.join(fixed)}"
+
+
+def _unknown_command(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
+    """The refusal of a word where the command goes that is no command, with the
+    closest command there is (argparse would say only "invalid choice")."""
+    commands = _commands(parser)
+    at = 0
+    while at < len(argv) and argv[at].startswith("-"):
+        token = argv[at]  # a global option, or an abbreviation of one, takes the next word
+        if "=" in token or token in ("-h", "--help", "--version"):
+            at += 1
+        elif any(option.startswith(token) for option in GLOBAL_OPTIONS):
+            at += 2
+        else:
+            return None  # an option the top level does not have: _unknown_options says so
+    if at >= len(argv) or argv[at] in commands:
+        return None
+    word = argv[at]
+    closest = difflib.get_close_matches(word.lower(), list(commands), n=1)
+    if not closest:
+        return f"unknown_command: {word!r} is no command; the commands are {', '.join(commands)}"
+    fixed = ["queue-core", *argv[:at], closest[0], *argv[at + 1:]]
+    return (f"unknown_command: {word!r} is no command; did you mean {closest[0]!r}? as in: "
+            f"{' '.join(fixed)}")
+
+
+def _unused_by_demo(given: list[str]) -> str:
+    return (f"unused_option: demo takes no {' and no '.join(given)}: it runs in a temporary "
+            "database of its own, on its own model clock, as in: queue-core demo")
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

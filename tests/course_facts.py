@@ -245,7 +245,7 @@ CODE_LISTS = (
     # command line's refusals of arguments exit with 2)
     CodeList(ROOT / "README.md", "Operational errors exit with 1",
              lambda c: c.unusable | (c.cli - {"misplaced_option", "unknown_option",
-                                               "unused_option"})
+                                               "unknown_command", "unused_option"})
              | {"integrity_violation"}),
 )
 

@@ -188,8 +188,11 @@ def test_a_work_option_put_before_the_command_is_put_right_and_then_runs(scratch
 @pytest.mark.parametrize("args, given", [(["--now", "5", "demo"], "--now"),
                                          (["--db", "x.sqlite3", "demo"], "--db"),
                                          (["--db", "x.sqlite3", "--now", "0", "demo"],
+                                          "--db and no --now"),
+                                         (["demo", "--now", "5"], "--now"),
+                                         (["demo", "--db", "x.sqlite3", "--now", "0"],
                                           "--db and no --now")],
-                         ids=["now", "db", "both"])
+                         ids=["now", "db", "both", "now-after", "both-after"])
 def test_the_demo_refuses_db_and_now_which_it_would_not_use(
         scratch: Path, args: list[str], given: str) -> None:
     before = sorted(path.name for path in scratch.iterdir())
@@ -360,3 +363,22 @@ def test_the_readme_session_prints_exactly_what_the_readme_shows(tmp_path: Path)
 def test_the_last_line_of_work_says_why_it_stopped(
         metrics: Metrics, processed: int, limit: int | None, line: str) -> None:
     assert work_summary(metrics, processed, limit) == line
+
+
+@pytest.mark.parametrize("args, said", [
+    (["stauts"], "'stauts' is no command; did you mean 'status'? as in: queue-core status"),
+    (["--db", "q.sqlite3", "wrok", "--max", "2"],
+     "'wrok' is no command; did you mean 'work'? as in: queue-core --db q.sqlite3 work --max 2"),
+    (["frobnicate"], "'frobnicate' is no command; the commands are enqueue, work, status, "
+                     "metrics, redrive, demo")], ids=["status", "work", "none-close"])
+def test_a_misspelt_command_is_refused_with_the_closest_command_and_touches_nothing(
+        scratch: Path, args: list[str], said: str) -> None:
+    before = sorted(path.name for path in scratch.iterdir())
+
+    result = run(scratch, *args)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    usage, refusal = result.stderr.splitlines()
+    assert usage.startswith("usage: queue-core ")
+    assert refusal == f"queue-core: error: unknown_command: {said}"
+    assert sorted(path.name for path in scratch.iterdir()) == before
