@@ -141,7 +141,9 @@ def _parse_line(number: int, raw: bytes) -> Event:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise reject("invalid_utf8", f"byte {exc.start + 1} is not UTF-8") from None
+        bad = raw[exc.start]
+        raise reject("invalid_utf8", f"the line's byte {exc.start + 1} (counted from 1), "
+                     f"0x{bad:02X}, is not UTF-8") from None
     envelope = _load_json(text, reject)
     if not isinstance(envelope, dict):
         raise reject("not_an_object", f"expected a JSON object, got {_kind(envelope)}")

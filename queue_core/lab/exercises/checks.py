@@ -122,6 +122,9 @@ def check_2(queue: Any, conflict_refusal: Any = None, why: Any = None) -> Verdic
 def conflict_path() -> str:
     """The conflicting batch's path as the check's caller writes it: relative to the
     folder it runs in (``../data/conflict.jsonl`` in notebooks/, where notebook 09 runs)."""
+    beside = Path("../data/conflict.jsonl")  # notebooks/ and data/ side by side, as shipped
+    if beside.is_file() and _CONFLICT.is_file() and beside.read_bytes() == _CONFLICT.read_bytes():
+        return beside.as_posix()
     try:
         return Path(os.path.relpath(_CONFLICT, os.getcwd())).as_posix() if _CONFLICT.is_file() \
             else "../data/conflict.jsonl"
