@@ -99,7 +99,7 @@ def test_the_printed_reasons_follow_the_run_figures(
     assert said.startswith("This machine has 2 CPU cores; before the runs, other programs kept "
                            "them 10% busy: ")
     assert "sqlite: 1000 messages/s with 1 worker; 2 workers: 1.00 times that" in said
-    assert "Here a second worker only queued for the lock." in said
+    assert "Here more workers only queued for the lock." in said
     assert expected in said
     verdicts = {"filled the first one's waits with work of its own",
                 "The second worker ran on the idle cores.",
@@ -157,5 +157,17 @@ def test_a_sqlite_run_that_rose_is_told_what_could_overlap_and_what_could_not() 
 
     assert "From 1 to 2 workers it rose" in said
     assert "the commits go one at a time, whatever the number of workers. It rose here all the " \
-           "same: what one worker does outside the lock" in said
+           "same with 2 and 4 workers: what one worker does outside the lock" in said
     assert "PostgreSQL" not in said
+
+
+def test_sqlite_rising_with_four_workers_only_is_said_so_not_denied() -> None:
+    # 2 workers fell, 4 rose: the reason must not say that more workers only queued
+    rows = [row("sqlite", 1, 0.3, 0.5), row("sqlite", 2, 0.6, 0.6), row("sqlite", 4, 0.14, 0.6),
+            *(row("postgres", n, 1.0, 0.5) for n in (1, 2, 4))]
+
+    said = " ".join(describe_scaling(rows, cores=2, background=0.1, costs=COSTS).split())
+
+    assert "4 workers: 2.14 times" in said
+    assert "only queued for the lock" not in said
+    assert "It rose here all the same with 4 workers" in said

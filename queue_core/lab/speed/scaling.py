@@ -335,7 +335,8 @@ def describe_scaling(rows: Sequence[ScalingRow], *, cores: int | None,
                         f"single-row commit alone {cost.commit_s * 1000:.2f} ms, of which "
                         f"{cost.flush_s * 1000:.2f} ms waiting for the disk's flush.")
     if ("sqlite", 2) in rates:
-        said.append(_sqlite_reasons(rates["sqlite", 1], rates["sqlite", 2]))
+        said.append(_sqlite_reasons(rates["sqlite", 1], [rates[key] for key in sorted(rates)
+                                                         if key[0] == "sqlite" and key[1] > 1]))
     if ("postgres", 2) in rates and costs and "postgres" in costs:
         said += _postgres_reasons(rates["postgres", 1], rates["postgres", 2], cores,
                                   costs["postgres"])
@@ -362,15 +363,17 @@ NOISY = ("On a machine whose cores other programs keep busy, each process also w
          "interleaved slices.")
 
 
-def _sqlite_reasons(one: ScalingRow, two: ScalingRow) -> str:
-    """SQLite's trend from 1 to 2 workers, against its one write lock."""
+def _sqlite_reasons(one: ScalingRow, more: list[ScalingRow]) -> str:
+    """SQLite's trend from 1 worker to more, against its one write lock."""
     words = ("SQLite: a worker keeps the file's one write lock while its commit waits for the "
              "flush, so the commits go one at a time, whatever the number of workers.")
-    if trend(one.per_second, two.per_second) == "rose":
-        return (f"{words} It rose here all the same: what one worker does outside the lock (its "
-                "Python code, and on a busy machine its turn waiting for a core) overlapped the "
-                "other's commit.")
-    return f"{words} Here a second worker only queued for the lock."
+    rose = [row.workers for row in more if trend(one.per_second, row.per_second) == "rose"]
+    if rose:
+        counts = " and ".join(str(n) for n in rose)
+        return (f"{words} It rose here all the same with {counts} workers: what one worker does "
+                "outside the lock (its Python code, and on a busy machine its turn waiting for a "
+                "core) overlapped another's commit.")
+    return f"{words} Here more workers only queued for the lock."
 
 
 def _postgres_reasons(one: ScalingRow, two: ScalingRow, cores: int | None,
