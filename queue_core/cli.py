@@ -46,7 +46,7 @@ from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .queue import Queue, require_event_id
-from .storage import may_write, roll_back_hot_journal, unwritable
+from .storage import may_write, read, roll_back_hot_journal, unwritable
 from .stores import is_connection_string, open_store
 from .values import Lease
 from .worker import drain
@@ -200,6 +200,8 @@ def _run(args: argparse.Namespace) -> int:
     # Only enqueue creates: a mistyped --db must not become a new, empty queue.
     queue = Queue(args.db, clock=clock, create=args.command == "enqueue",
                   lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS))
+    if not reading and not is_connection_string(args.db):  # the file is the queue's: sound?
+        _refuse_damaged(args.db)
     if batch is not None:
         result = queue.enqueue(batch)
         _say(f"inserted {result.inserted}, duplicates {result.duplicates}")
@@ -221,6 +223,25 @@ def _run(args: argparse.Namespace) -> int:
         queue.redrive(args.event_id)
         _say(f"{args.event_id} is ready again (attempts reset, generation kept)")
     return 0
+
+
+def _refuse_damaged(path: str) -> None:
+    """Refuse to write to a file whose pages SQLite finds damaged (``PRAGMA quick_check``).
+
+    SQLite meets a damaged page only when a statement reads it: a writing
+    command would otherwise commit into the sound pages of a damaged file
+    (a batch stored, messages worked) before it met the damage, if ever. One
+    read of every page, before the first write, costs what reading the file
+    costs; reading commands report what they can read, as before.
+    """
+    found = read(path, lambda conn: [row[0] for row in conn.execute("PRAGMA quick_check(3)")])
+    if found != ["ok"]:
+        said = "; ".join(part.strip() for row in found for part in str(row).splitlines()
+                         if part.strip() and not part.startswith("***"))  # one line
+        raise UnusableFile("not_a_database", f"{path} is damaged: SQLite's quick_check found "
+                           f"{said[:200]}; nothing was written. A damaged file is "
+                           "outside the guarantee (README: where the guarantee ends): restore "
+                           "it from a copy")
 
 
 def _require_folder(path: str) -> None:

@@ -49,8 +49,10 @@ def require_event_id(event_id: object) -> None:
     with code ``invalid_event_id`` (an id that is well formed but not stored is
     ``UnknownEvent``: a fact of the queue, not of the input)."""
     if not isinstance(event_id, str) or not EVENT_ID.fullmatch(event_id):
-        raise NotRedrivable(f"{event_id!r} is not an event id (E followed by four ASCII digits)",
-                            code="invalid_event_id")
+        meant = event_id.strip().upper() if isinstance(event_id, str) else None
+        hint = f": did you mean {meant!r}?" if meant and EVENT_ID.fullmatch(meant) else ""
+        raise NotRedrivable(f"{event_id!r} is not an event id (E followed by four ASCII digits)"
+                            f"{hint}", code="invalid_event_id")
 
 
 def backoff_seconds(attempt: int) -> int:

@@ -154,7 +154,7 @@ def test_redrive_of_what_is_no_event_id_is_refused_before_the_file_is_looked_at(
 
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == ("invalid_event_id: 'e0004' is not an event id (E followed by "
-                             "four ASCII digits)\n")
+                             "four ASCII digits): did you mean 'E0004'?\n")
     assert not (scratch / "missing.sqlite3").exists()
 
 

@@ -66,9 +66,9 @@ def test_a_queue_a_course_helper_built_and_finished_elsewhere_is_not_exercise_3s
     assert verdict.status == NOT_QUITE
     assert verdict_of(capsys, verdict) == (
         "Not quite: that queue was not handed out by start_3 in this kernel (a course helper's, "
-        "one your own code built, or one from before the kernel restarted), so its contents say "
-        "nothing about your cells. Next: run `q3 = exercises.start_3(workdir)`, then your cells "
-        "on that q3, and pass it here")
+        "a copy of a start's file, one your own code built, or one from before the kernel "
+        "restarted), so its contents say nothing about your cells. Next: run "
+        "`q3 = exercises.start_3(workdir)`, then your cells on that q3, and pass it here")
 
 
 def test_a_byte_copy_of_a_solved_queue_in_another_folder_is_not_the_start_s_queue(

@@ -210,3 +210,34 @@ def test_the_api_refuses_an_overwritten_schema_with_a_code_not_a_decoding_error(
         with pytest.raises(UnusableFile) as refused:
             call()
         assert refused.value.code == "not_a_database" and "is damaged" in str(refused.value)
+
+
+def overwritten_page(path: Path) -> None:
+    """A queue of 400 messages with 200 bytes of one of its tree pages overwritten on disk."""
+    queue = Queue(path, clock=ModelClock(1000))
+    queue.enqueue_jsonl("\n".join(
+        f'{{"event_id": "E{i:04d}", "payload": {{"category": "pen", "amount_cents": {i + 1}}}}}'
+        for i in range(400)))
+    del queue
+    raw = bytearray(path.read_bytes())
+    raw[20000:20200] = b"\xfe" * 200
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("command", [("work",), ("work", "--max", "2"), ("redrive", "E0001"),
+                                     ("enqueue", str(DATA / "demo.jsonl"))])
+def test_a_writing_command_refuses_a_damaged_file_before_it_writes_a_byte(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    db = tmp_path / "queue.sqlite3"
+    overwritten_page(db)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+
+    done = cli(db, *command)
+
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"error: not_a_database: {db} is damaged: SQLite's quick_check found ")
+    assert line.endswith("; nothing was written. A damaged file is outside the guarantee "
+                         "(README: where the guarantee ends): restore it from a copy")
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["queue.sqlite3"]

@@ -195,8 +195,9 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
     witness = _STARTED.get(_key(path))
     if witness is None or witness.exercise != exercise:
         return Refused("foreign", f"that queue was not handed out by start_{exercise} in this "
-                       "kernel (a course helper's, one your own code built, or one from before "
-                       "the kernel restarted), so its contents say nothing about your cells",
+                       "kernel (a course helper's, a copy of a start's file, one your own code "
+                       "built, or one from before the kernel restarted), so its contents say "
+                       "nothing about your cells",
                        f"run {start}, then your cells on that {mine}, and pass it here")
     held = getattr(queue, "witness", None)
     if isinstance(held, Witness) and held.nonce != witness.nonce:
