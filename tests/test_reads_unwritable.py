@@ -25,6 +25,7 @@ from conftest import DATA, ROOT
 from observe import expect, ledger
 from queue_core import Handler, ModelClock, Queue, drain
 from queue_core.audit import findings
+from test_hot_journal import KILLED_WRITER  # a writer that dies with its journal hot
 
 BEFORE = {"states": {"ready": 3, "leased": 0, "done": 1, "dead": 0}, "effects": 1,
           "totals": {"book": 10000}, "total": 10000}
@@ -38,19 +39,6 @@ try:
     print(queue.status().total, len(queue.messages()), findings(sys.argv[1]))
 except UnusableFile as refused:
     sys.exit(f"{refused.code}: {refused}")
-"""
-# A writer whose transaction outgrows its one-page cache, so SQLite syncs the
-# journal and writes changed pages into the file before COMMIT; then it dies.
-KILLED_WRITER = """
-import os, sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("PRAGMA cache_size = 1")
-conn.execute("BEGIN IMMEDIATE")
-conn.execute("UPDATE messages SET last_error = hex(randomblob(2000))")
-conn.execute("CREATE TABLE filler (x BLOB)")
-for _ in range(200):
-    conn.execute("INSERT INTO filler VALUES (randomblob(3000))")
-os._exit(86)
 """
 
 

@@ -42,7 +42,7 @@ from ...values import State
 from ..broker.streams import Broker, LogStep, open_broker
 from ..broker.consumer import Consumer, inbox_step, prepare_db
 from ..broker.play import EXPECTED, ORDERS
-from .provenance import WitnessedQueue, forget, hand_out, started
+from .provenance import forget, hand_out, queue_signing_as, started
 from .setup import folder_refused, queue_refused
 from .verdicts import (Findings, NotAttempted, Stop, Verdict, bypassed, checked,
                                 compare, figures, path_of, plain, read, states)
@@ -160,11 +160,8 @@ def _takeover(url: str, queue: Queue, step: Callable[[Queue, str], Any]) -> Take
 def _own_queue(queue: Queue) -> Queue:
     """A consumer's own ``Queue`` on the learner's file, at the learner's clock time,
     witnessed as the learner's queue is (``provenance``)."""
-    options = {"clock": ModelClock(queue.clock.now()), "lease_seconds": queue.lease_seconds}
-    witness = getattr(queue, "witness", None)
-    if witness is None:
-        return Queue(queue.path, **options)
-    return WitnessedQueue(queue.path, witness=witness, **options)
+    return queue_signing_as(getattr(queue, "witness", None), queue.path,
+                            clock=ModelClock(queue.clock.now()), lease_seconds=queue.lease_seconds)
 
 
 def _finish(broker: Broker, consumer: Consumer, entry: Any, failures: list[str]) -> None:

@@ -146,6 +146,14 @@ class WitnessedQueue(Queue):
             self.witness.sign("call", before, content_digest(conn))
 
 
+def queue_signing_as(witness: Witness | None, path: str | os.PathLike[str],
+                     **options: Any) -> Queue:
+    """A queue on ``path`` that signs as ``witness`` does (a plain one for ``None``)."""
+    if witness is None:
+        return Queue(path, **options)
+    return WitnessedQueue(path, witness=witness, **options)
+
+
 def record_path(path: str | os.PathLike[str]) -> str:
     return os.fspath(path) + SUFFIX
 

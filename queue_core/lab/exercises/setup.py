@@ -28,7 +28,7 @@ from ...handler import Handler
 from ...queue import Queue
 from ...worker import drain, process_one
 from ..story.scenario import DEMO_JSONL, LEASE_SECONDS, START
-from .provenance import Witness, WitnessedQueue, forget, hand_out
+from .provenance import Witness, forget, hand_out, queue_signing_as
 
 E0001_PAYLOAD = '{"amount_cents":10000,"category":"book"}'  # E0001 as stored (canonical)
 _DEMO_LINES = DEMO_JSONL.splitlines()
@@ -359,8 +359,8 @@ def run_naive_quietly(queue: Queue, steps: tuple[str, ...], crash_after: int) ->
 def naive_worker(spec: dict[str, Any]) -> int:
     """The child's side of ``run_naive_worker``: a real claim, then naive steps."""
     options = {"clock": ModelClock(spec["now"]), "lease_seconds": spec["lease_seconds"]}
-    queue = (WitnessedQueue(spec["db"], witness=Witness.from_spec(spec["witness"]), **options)
-             if spec.get("witness") else Queue(spec["db"], **options))
+    witness = Witness.from_spec(spec["witness"]) if spec.get("witness") else None
+    queue = queue_signing_as(witness, spec["db"], **options)
     lease = queue.claim()
     if lease is None:
         return 0
