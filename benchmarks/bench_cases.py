@@ -23,6 +23,7 @@ from queue_core import Queue  # noqa: E402
 from queue_core import audit  # noqa: E402
 from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
 from queue_core.storage import connect, is_connection_string, transaction  # noqa: E402
+from queue_core.ingest import payload_digest  # noqa: E402
 
 CATEGORIES = ("book", "pen", "bag")
 IDS_PER_FILE = 10_000  # E0000..E9999: the event id shape allows no more
@@ -344,8 +345,10 @@ class QueueSize(Case):
             conn.execute("PRAGMA ignore_check_constraints = ON")
             conn.execute("BEGIN IMMEDIATE")
             due = int(time.time()) - 1
-            conn.executemany("INSERT INTO messages (event_id, payload, available_at) "
-                             "VALUES (?, ?, ?)", ((f"E{i:06d}", payload_of(i), due) for i in ids))
+            conn.executemany("INSERT INTO messages (event_id, payload, payload_sha256, "
+                             "available_at) VALUES (?, ?, ?, ?)",
+                             ((f"E{i:06d}", payload_of(i), payload_digest(payload_of(i)), due)
+                              for i in ids))
             conn.executemany("INSERT INTO transitions (at, event_id, from_state, to_state, "
                              "generation, attempts, reason) VALUES (?, ?, NULL, 'ready', 0, 0, "
                              "'enqueued')", ((due, f"E{i:06d}") for i in ids))

@@ -22,7 +22,9 @@ from .errors import (BatchConflict, BatchRejected, IntegrityViolation, InvalidPa
                      UnusableFile)
 from .handler import DEFAULT_CATEGORIES, Handler
 from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
+from .migrations import Migration, migrate
 from .queue import Queue, backoff_seconds
+from .retention import Pruned
 from .values import (Effect, EnqueueResult, Lease, Message, Metrics, Outcome, State, Status,
                      Transition)
 from .worker import drain, finish, process_one
@@ -33,8 +35,8 @@ __all__ = [
     "Finding", "Snapshot", "UnusableFile",
     "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "DEFAULT_CATEGORIES",
     "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation", "InvalidPayload",
-    "Lease", "LeaseLost", "Message", "Metrics", "ModelClock", "NotRedrivable", "Outcome", "Queue",
-    "QueueError", "State", "Status", "SystemClock", "TransientError", "Transition",
-    "UnknownEvent", "backoff_seconds", "canonical_json", "drain", "finish", "parse_batch",
-    "process_one", "read_batch",
+    "Lease", "LeaseLost", "Message", "Metrics", "Migration", "ModelClock", "NotRedrivable",
+    "Outcome", "Pruned", "Queue", "QueueError", "State", "Status", "SystemClock",
+    "TransientError", "Transition", "UnknownEvent", "backoff_seconds", "canonical_json", "drain",
+    "finish", "migrate", "parse_batch", "process_one", "read_batch",
 ]

@@ -150,7 +150,7 @@ class QueueAcks:
         # UPDATE wait for its end; so a claim, recovery or redrive that beat
         # this ACK leaves 0 rows matched, and the INSERT rolls back with it.
         now = self.clock.now()
-        if not self.store.transition(conn, ACK, (lease.event_id, lease.generation, now),
+        if not self.store.transition(conn, ACK, (now, lease.event_id, lease.generation, now),
                                      now, journal):
             raise explain_miss(conn, lease, now)
         crash_point(points[1])

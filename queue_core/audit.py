@@ -28,6 +28,21 @@ Findings (``FINDINGS`` lists them with what each means):
 ``double_ack``             an event was journalled ``done`` more than once
 ``stale_lease_accepted``   a lease that was no longer the newest finished
                            (ACK or failure) its message
+``digest_differs``         a stored payload's SHA-256 is not the digest kept
+                           for it (schema 2)
+``history_missing``        a pruned message has no compacted record of its
+                           journal (schema 2)
+
+On a pruned message (schema 2: ``retention``) the journal is replaced by a
+compacted record, and the payload by its digest. The audit then holds the
+message and its effect against that record: an edited effect
+(``effect_differs``), a deleted effect (``done_without_effect``), a deleted
+record (``history_missing``), a record or a generation edited apart
+(``generation_skipped``), journal rows written for it again
+(``journal_disagrees``). What it cannot see any more: an effect and its record
+edited together, consistently (the payload that would contradict both is
+gone), and an edited digest (until a replay of the event meets it, and is
+refused as a conflict).
 """
 
 from __future__ import annotations
@@ -36,15 +51,16 @@ import json
 import os
 import sqlite3
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .errors import InvalidPayload
 from .handler import Handler
+from .ingest import payload_digest
 from .storage import has_table
 from .stores import open_store
 from .transitions import EXPIRED
-from .values import Effect, Message, Metrics, State, Status, Transition
+from .values import Compacted, Effect, Message, Metrics, State, Status, Transition
 
 FINDINGS = {
     "integrity_check": "SQLite's integrity check is not ok",
@@ -60,6 +76,8 @@ FINDINGS = {
     "generation_skipped": "a claim's generation is not the previous one plus one",
     "double_ack": "an event was journalled done more than once",
     "stale_lease_accepted": "a lease that was no longer the newest finished its message",
+    "digest_differs": "a stored payload's SHA-256 is not the digest kept for it",
+    "history_missing": "a pruned message has no compacted record of its journal",
 }
 
 # The state machine's edges; the schema's ``legal_edge`` CHECK holds the same.
@@ -113,6 +131,10 @@ class Snapshot:
     journal: tuple[Transition, ...]
     integrity: tuple[str, ...]
     foreign_keys: tuple[tuple[Any, ...], ...]
+    version: int = 1
+    # schema 2: each message's payload digest, and each pruned message's record
+    digests: Mapping[str, bytes] = field(default_factory=dict)
+    compacted: Mapping[str, Compacted] = field(default_factory=dict)
 
     @property
     def effects(self) -> dict[str, Effect]:
@@ -139,14 +161,16 @@ def read_status(conn: sqlite3.Connection) -> Status:
     totals = dict(conn.execute("SELECT category, CAST(sum(amount_cents) AS BIGINT) FROM effects "
                                "GROUP BY category ORDER BY category"))
     effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
-    return Status(states, effects, totals, sum(totals.values()))
+    pruned = conn.execute("SELECT count(*) FROM messages WHERE payload IS NULL").fetchone()[0]
+    return Status(states, effects, totals, sum(totals.values()), pruned)
 
 
 def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
     """Depth by state, age of the oldest due message, expired leases not yet
     recovered, the attempts each dead message spent, and when the next
     message that is not due yet becomes due."""
-    depth = read_status(conn).states
+    status = read_status(conn)
+    depth = status.states
     oldest = conn.execute("SELECT min(available_at) FROM messages "
                           "WHERE state = 'ready' AND available_at <= ?", (now,)).fetchone()[0]
     next_due = conn.execute("SELECT min(available_at) FROM messages "
@@ -154,7 +178,8 @@ def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
     expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED}) AS expired", (now,)).fetchone()[0]
     dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
                              "WHERE state = 'dead' ORDER BY event_id"))
-    return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead, next_due)
+    return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead, next_due,
+                   status.pruned)
 
 
 def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list[Message]:
@@ -182,6 +207,26 @@ def read_journal(conn: sqlite3.Connection, event_id: str | None = None) -> list[
             for seq, at, eid, src, dst, gen, att, why in rows]
 
 
+def read_version(conn: Any) -> int:
+    """The schema version of the queue the connection reads."""
+    if isinstance(conn, sqlite3.Connection):
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    return int(conn.execute("SELECT schema_version FROM queue_core_meta").fetchone()[0])
+
+
+def read_digests(conn: Any) -> dict[str, bytes]:
+    """Each message's payload digest (schema 2)."""
+    return {event_id: bytes(digest) for event_id, digest in conn.execute(
+        "SELECT event_id, payload_sha256 FROM messages ORDER BY event_id")}
+
+
+def read_compacted(conn: Any) -> dict[str, Compacted]:
+    """Each pruned message's compacted record (schema 2)."""
+    return {row[0]: Compacted(*row) for row in conn.execute(
+        "SELECT event_id, enqueued_at, claims, redrives, steps, category, amount_cents "
+        "FROM compacted ORDER BY event_id")}
+
+
 def snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Read every stored fact of the queue file ``path`` in ONE read transaction.
 
@@ -197,12 +242,15 @@ def snapshot(path: str | os.PathLike[str]) -> Snapshot:
 
     def read(conn: Any) -> Snapshot:
         integrity, foreign_keys = store.self_checks(conn)
+        version = read_version(conn)
         return Snapshot(
             status=read_status(conn),
             messages={m.event_id: m for m in read_messages(conn)},
             effect_rows=tuple(read_effects(conn)),
             journal=tuple(read_journal(conn)),
-            integrity=integrity, foreign_keys=foreign_keys)
+            integrity=integrity, foreign_keys=foreign_keys, version=version,
+            digests=read_digests(conn) if version >= 2 else {},
+            compacted=read_compacted(conn) if version >= 2 else {})
     return store.read(read)
 
 
@@ -211,7 +259,7 @@ def snapshot(path: str | os.PathLike[str]) -> Snapshot:
 def check(snap: Snapshot) -> list[Finding]:
     """Every invariant the snapshot violates, as named findings (none: all holds)."""
     return [*_sqlite_checks(snap), *_effect_checks(snap), *_money_checks(snap),
-            *_journal_checks(snap)]
+            *_journal_checks(snap), *_digest_checks(snap)]
 
 
 def findings(path: str | os.PathLike[str]) -> list[Finding]:
@@ -246,11 +294,19 @@ def _effect_checks(snap: Snapshot) -> Iterable[Finding]:
     for row in snap.effect_rows:
         message = snap.messages.get(row.event_id)
         if message is not None:
-            yield from _effect_matches(row, message)
+            yield from _effect_matches(row, message, snap.compacted.get(row.event_id))
 
 
-def _effect_matches(row: EffectRow, message: Message) -> Iterable[Finding]:
+def _effect_matches(row: EffectRow, message: Message,
+                    record: Compacted | None = None) -> Iterable[Finding]:
     stored = Effect(row.category, row.amount_cents)
+    if message.payload is None:  # pruned: only its compacted record is left to compare with
+        if record is not None and (record.category, record.amount_cents) != \
+                (stored.category, stored.amount_cents):
+            yield Finding("effect_differs", row.event_id,
+                          f"effect {stored.category} {stored.amount_cents}, its compacted "
+                          f"record kept {record.category} {record.amount_cents}")
+        return
     try:
         # Whichever handler version wrote it knew this category; the amount
         # and the category must still be the payload's own.
@@ -285,12 +341,42 @@ def _journal_checks(snap: Snapshot) -> Iterable[Finding]:
     for step in snap.journal:
         steps.setdefault(step.event_id, []).append(step)
     for event_id, message in snap.messages.items():
-        yield from _one_history(message, steps.get(event_id, []))
+        if message.payload is None:  # pruned: its record stands for its journal
+            yield from _pruned_history(message, snap.compacted.get(event_id),
+                                       steps.get(event_id, []))
+        else:
+            yield from history_findings(message, steps.get(event_id, []))
+            if event_id in snap.compacted:
+                yield Finding("journal_disagrees", event_id, "a compacted record, but the "
+                              "message keeps its payload and journal (it was never pruned)")
     for event_id in sorted(set(steps) - set(snap.messages)):
         yield Finding("journal_disagrees", event_id, "journalled, but no message is stored")
 
 
-def _one_history(message: Message, steps: list[Transition]) -> Iterable[Finding]:
+def _pruned_history(message: Message, record: Compacted | None,
+                    steps: list[Transition]) -> Iterable[Finding]:
+    event_id = message.event_id
+    if record is None:
+        yield Finding("history_missing", event_id, "pruned, but no compacted record of its "
+                      "journal is stored")
+    elif record.claims != message.generation:
+        yield Finding("generation_skipped", event_id, f"stored generation "
+                      f"{message.generation}, its compacted record counted {record.claims} "
+                      "claims")
+    if steps:
+        yield Finding("journal_disagrees", event_id, f"pruned, yet {len(steps)} journal rows "
+                      "are stored for it")
+
+
+def _digest_checks(snap: Snapshot) -> Iterable[Finding]:
+    for event_id, digest in snap.digests.items():
+        payload = snap.messages[event_id].payload
+        if payload is not None and payload_digest(payload) != digest:
+            yield Finding("digest_differs", event_id, "the stored payload's SHA-256 is not "
+                          "the digest kept for it (a replay would be judged by the digest)")
+
+
+def history_findings(message: Message, steps: list[Transition]) -> Iterable[Finding]:
     """Walk one event's journal: legal, continuous edges; claims that count
     generations one by one; one ACK; every exit from ``leased`` by the newest lease."""
     event_id, previous, claimed, acks = message.event_id, None, 0, 0

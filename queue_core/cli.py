@@ -45,6 +45,7 @@ from .clock import Clock, ModelClock, SystemClock
 from .errors import IntegrityViolation, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
+from .migrations import migrate
 from .queue import Queue, require_event_id
 from .storage import may_write, read, roll_back_hot_journal, unwritable
 from .stores import is_connection_string, open_store
@@ -106,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "queue-core redrive E0004")
     redrive.add_argument("event_id", metavar="EVENT_ID",
                          help="the dead message's id, E followed by four digits")
+    prune = _command(commands, "prune", "drop the payload and journal of done messages "
+                     "finished at least S seconds ago; keys, digests and effects stay forever",
+                     "queue-core prune --older-than 86400")
+    prune.add_argument("--older-than", type=_seconds, required=True, metavar="S",
+                       help="prune only done messages that finished at least S seconds "
+                            "ago, 0 or more (required, no default: how long to keep each "
+                            "message's payload and journal is the operator's choice)")
+    _command(commands, "migrate", "upgrade the queue to this version's schema, one "
+             "transaction per step; a second run changes nothing", "queue-core migrate")
     _command(commands, "demo", "run the reference scenario in a temporary database of its "
              "own, on its own model clock (so it takes neither --db nor --now)", "queue-core demo")
     return parser
@@ -222,6 +232,12 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "redrive":
         queue.redrive(args.event_id)
         _say(f"{args.event_id} is ready again (attempts reset, generation kept)")
+    elif args.command == "prune":
+        for line in queue.prune(args.older_than).lines():
+            _say(line)
+    elif args.command == "migrate":
+        for line in migrate(args.db).lines():
+            _say(line)
     return 0
 
 

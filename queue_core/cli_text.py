@@ -48,9 +48,18 @@ def status_lines(status: Status, *, as_json: bool) -> list[str]:
     if as_json:
         return [json.dumps(status.as_dict(), sort_keys=False)]
     return ["states:  " + ", ".join(f"{name} {n}" for name, n in status.states.items()),
+            *_pruned(status.pruned),
             f"effects: {status.effects}",
             *(f"  {category:<8}{cents:>12}" for category, cents in status.totals.items()),
             f"total:   {status.total}"]
+
+
+def _pruned(pruned: int) -> list[str]:
+    """The line on pruned messages, once there are any (``prune``)."""
+    if not pruned:
+        return []
+    return [f"pruned:  {pruned} of the done (payload and journal dropped; key, digest, "
+            "effect kept)"]
 
 
 def metrics_lines(metrics: Metrics, *, as_json: bool, model_time: bool) -> list[str]:
@@ -61,7 +70,8 @@ def metrics_lines(metrics: Metrics, *, as_json: bool, model_time: bool) -> list[
                             "oldest_ready_age": metrics.oldest_ready_age,
                             "next_due_at": metrics.next_due_at,
                             "expired_leases": metrics.expired_leases,
-                            "dead_attempts": dict(metrics.dead_attempts)})]
+                            "dead_attempts": dict(metrics.dead_attempts),
+                            "pruned": metrics.pruned})]
     clock = "model time" if model_time else \
         f"{datetime.fromtimestamp(metrics.at, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
     expired = metrics.expired_leases
@@ -74,6 +84,8 @@ def metrics_lines(metrics: Metrics, *, as_json: bool, model_time: bool) -> list[
         "dead attempts": ", ".join(f"{event_id} {n}" for event_id, n
                                    in metrics.dead_attempts.items()) or "none dead",
     }
+    if metrics.pruned:
+        lines["pruned"] = f"{metrics.pruned} done messages (payload and journal dropped)"
     return [f"{name + ':':<16}{value}" for name, value in lines.items()]
 
 

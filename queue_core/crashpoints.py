@@ -75,6 +75,19 @@ BETWEEN_TRANSACTIONS = "complete.between_transactions"
 POINTS = tuple(point for name in PROTOCOL_POINTS for point in (
     (BETWEEN_TRANSACTIONS, name) if name == "complete.after_commit" else (name,)))
 
+# A migration's and a prune's points: not on a message's way, so not rows of the
+# crash sweep of the protocol; their own sweeps arm them.
+LIFETIME_POINTS = (
+    "migrate.after_begin",      # write lock taken, version not yet read again
+    "migrate.after_copy",       # the step's tables rewritten, version not yet set
+    "migrate.before_commit",    # new version set, not committed
+    "migrate.after_commit",     # committed, nothing reported yet
+    "prune.after_begin",        # a prune batch's write lock taken, nothing read
+    "prune.after_compact",      # payloads dropped, records written, journal rows kept
+    "prune.before_commit",      # journal rows deleted, not committed
+    "prune.after_commit",       # the batch committed, space not yet given back
+)
+
 _armed: str | None = None
 _arrivals_left = 1
 
@@ -86,8 +99,9 @@ def arm(point: str | None, *, after: int = 1) -> None:
     the stress run needs; the sweep uses the first arrival.
     """
     global _armed, _arrivals_left
-    if point is not None and point not in POINTS:
-        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
+    if point is not None and point not in POINTS and point not in LIFETIME_POINTS:
+        raise ValueError(f"unknown crash point {point!r}; known: "
+                         f"{', '.join(POINTS + LIFETIME_POINTS)}")
     if isinstance(after, bool) or not isinstance(after, int) or after < 1:
         raise ValueError(f"after must be a positive integer, got {after!r}")
     _armed, _arrivals_left = point, after

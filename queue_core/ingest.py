@@ -30,6 +30,7 @@ Rejection codes (``BatchRejected.code``):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -66,6 +67,12 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.events)
+
+
+def payload_digest(payload: str) -> bytes:
+    """SHA-256 of a canonical payload's UTF-8 bytes: what the queue keeps of a
+    payload forever, and compares a replay with once the payload is pruned."""
+    return hashlib.sha256(payload.encode("utf-8")).digest()
 
 
 def canonical_json(value: Any) -> str:

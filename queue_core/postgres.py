@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
+from .crashpoints import crash_point
 from .errors import UnusableFile
 from .storage import APPLICATION_ID, SCHEMA_VERSION
 from .transitions import JOURNAL_COLUMNS, write_journal
@@ -48,12 +49,30 @@ CONNECT_TIMEOUT_SECONDS = 10
 T = TypeVar("T")
 META_TABLE = "queue_core_meta"
 
+# The index and the table that schema version 2 added (``migrations`` adds them
+# to a version-1 schema), as in the SQLite schema.
+LIVE_INDEX = ("CREATE INDEX messages_live ON messages "
+              "(state, available_at, event_id, lease_until, finished_at) "
+              "WHERE payload IS NOT NULL")
+COMPACTED_TABLE = """CREATE TABLE compacted (
+    event_id     text PRIMARY KEY REFERENCES messages (event_id),
+    enqueued_at  bigint NOT NULL,
+    claims       bigint NOT NULL CONSTRAINT claimed_at_least_once CHECK (claims >= 1),
+    redrives     bigint NOT NULL CONSTRAINT redrives_counted CHECK (redrives >= 0),
+    steps        bigint NOT NULL CONSTRAINT steps_counted CHECK (steps >= claims + 2),
+    category     text NOT NULL,
+    amount_cents bigint NOT NULL
+)"""
+
 # The SQLite schema's meaning, constraint for constraint, in PostgreSQL's words.
 SCHEMA = f"""
 CREATE TABLE messages (
     event_id     text PRIMARY KEY
                  CONSTRAINT event_id_shape CHECK (event_id ~ '^E[0-9]{{4}}$'),
-    payload      text NOT NULL CONSTRAINT payload_is_json CHECK (payload::json IS NOT NULL),
+    payload      text CONSTRAINT payload_is_json
+                 CHECK (payload IS NULL OR payload::json IS NOT NULL),
+    payload_sha256 bytea NOT NULL
+                 CONSTRAINT payload_sha256_shape CHECK (length(payload_sha256) = 32),
     state        text NOT NULL DEFAULT 'ready'
                  CONSTRAINT state_valid CHECK (state IN ('ready', 'leased', 'done', 'dead')),
     attempts     bigint NOT NULL DEFAULT 0 CONSTRAINT attempts_valid CHECK (attempts >= 0),
@@ -62,12 +81,14 @@ CREATE TABLE messages (
     available_at bigint NOT NULL,
     lease_until  bigint,
     last_error   text,
+    finished_at  bigint,
     CONSTRAINT lease_until_iff_leased CHECK ((state = 'leased') = (lease_until IS NOT NULL)),
     CONSTRAINT leased_was_claimed CHECK (state <> 'leased' OR attempts >= 1),
-    CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL)
+    CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL),
+    CONSTRAINT finished_at_iff_done CHECK ((state = 'done') = (finished_at IS NOT NULL)),
+    CONSTRAINT pruned_only_when_done CHECK (payload IS NOT NULL OR state = 'done')
 );
-CREATE INDEX messages_ready ON messages (available_at, event_id) WHERE state = 'ready';
-CREATE INDEX messages_leased ON messages (lease_until) WHERE state = 'leased';
+{LIVE_INDEX};
 CREATE TABLE effects (
     event_id     text PRIMARY KEY REFERENCES messages (event_id),
     category     text NOT NULL CONSTRAINT category_named CHECK (length(category) > 0),
@@ -92,6 +113,7 @@ CREATE TABLE transitions (
         WHEN from_state = 'dead' THEN to_state = 'ready'
         ELSE FALSE END)
 );
+{COMPACTED_TABLE};
 CREATE TABLE {META_TABLE} (
     application_id bigint NOT NULL,
     schema_version integer NOT NULL
@@ -358,8 +380,9 @@ class PostgresStore:
         has no ``integrity_check``; reported as SQLite reports a sound file."""
         return ("ok",), ()
 
-    def prepare(self, *, create: bool = True) -> None:
-        """Use the database's current schema as a queue, creating it if empty.
+    def prepare(self, *, create: bool = True) -> int:
+        """Use the database's current schema as a queue, creating it if empty;
+        return its schema version.
 
         Raises ``UnusableFile``: ``cannot_connect``, ``not_a_queue`` (other
         tables and no mark), ``schema_too_new`` or ``no_queue_file`` (nothing
@@ -367,25 +390,66 @@ class PostgresStore:
         """
         conn = self.connect()
         try:
-            if self._inspect(conn) == "queue":
-                return
+            version = self.inspect(conn)
+            if version:
+                return version
             if not create:
                 raise UnusableFile("no_queue_file", f"{self.describe()}: no queue here yet "
                                    "(enqueue a batch to create one)")
             with pg_transaction(conn):
                 # Two processes may create at once: the second waits, then finds the mark.
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
-                if self._inspect(conn) == "new":
+                if not self.inspect(conn):
                     for statement in SCHEMA.split(";\n"):
                         conn.execute(statement)
+            return SCHEMA_VERSION
         finally:
             conn.close()
 
-    def _inspect(self, conn: PgConnection) -> str:
+    def migrate_step(self, version: int) -> int | None:
+        """Upgrade from schema ``version`` to the next in ONE transaction, under the
+        advisory lock that ``prepare`` and enqueue take and the meta row's lock,
+        the version read again inside; ``None`` if another migrator was first.
+
+        Its ``ALTER TABLE`` needs the table's exclusive lock: it waits for the
+        transactions in flight (a worker's is a few milliseconds), at most
+        ``MIGRATION_LOCK_TIMEOUT``, then gives up with ``migration_blocked``
+        and changes nothing; run it again when the holder is gone.
+        """
+        conn = self.connect()
+        try:
+            try:
+                with pg_transaction(conn):
+                    conn.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
+                    conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
+                    crash_point("migrate.after_begin")
+                    found = conn.execute(f"SELECT schema_version FROM {META_TABLE} "
+                                         "FOR UPDATE").fetchone()
+                    if found is None or found[0] != version:
+                        return None
+                    rows = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+                    for statement in POSTGRES_STEPS[version]:
+                        conn.execute(statement)
+                    crash_point("migrate.after_copy")
+                    conn.execute(f"UPDATE {META_TABLE} SET schema_version = ?", (version + 1,))
+                    crash_point("migrate.before_commit")
+            except psycopg.errors.LockNotAvailable:
+                raise UnusableFile("migration_blocked", f"{self.describe()}: the step to schema "
+                                   f"{version + 1} waited {MIGRATION_LOCK_TIMEOUT} for a lock "
+                                   "that another session holds (a worker stalled inside a "
+                                   "transaction?) and gave up; nothing was changed: run "
+                                   "`queue-core migrate` again once it is gone") from None
+            crash_point("migrate.after_commit")
+            return int(rows)
+        finally:
+            conn.close()
+
+    def inspect(self, conn: PgConnection) -> int:
+        """The queue's schema version here, 0 if the schema is empty; else refuse."""
         tables = [row[0] for row in conn.execute(_TABLES_HERE)]
         if META_TABLE not in tables:
             if not tables:
-                return "new"
+                return 0
             raise UnusableFile("not_a_queue", f"{self.describe()} holds tables of another "
                                f"application ({', '.join(tables[:6])}) and no queue mark; "
                                "the queue writes only to its own schema")
@@ -396,7 +460,36 @@ class PostgresStore:
         if mark[0][1] > SCHEMA_VERSION:
             raise UnusableFile("schema_too_new", f"{self.describe()} has queue schema version "
                                f"{mark[0][1]}; this version of queue_core knows {SCHEMA_VERSION}")
-        return "queue"
+        return int(mark[0][1])
+
+
+# Schema 1 -> 2 on PostgreSQL: the same meaning as SQLite's rebuild, in place
+# (DDL is transactional here). One UPDATE rewrites each row once; the finish
+# time of a done message is its last journalled ``done`` step (or, for a row
+# edited by hand that has none, the time it became available).
+_POSTGRES_1_TO_2 = (
+    "ALTER TABLE messages ADD COLUMN payload_sha256 bytea, ADD COLUMN finished_at bigint, "
+    "ALTER COLUMN payload DROP NOT NULL, DROP CONSTRAINT payload_is_json",
+    "UPDATE messages AS m SET payload_sha256 = sha256(convert_to(m.payload, 'UTF8')), "
+    "finished_at = CASE WHEN m.state = 'done' THEN coalesce(f.at, m.available_at) END "
+    "FROM messages AS o LEFT JOIN (SELECT event_id, max(at) AS at FROM transitions "
+    "WHERE to_state = 'done' GROUP BY event_id) AS f ON f.event_id = o.event_id "
+    "WHERE o.event_id = m.event_id",
+    "ALTER TABLE messages ALTER COLUMN payload_sha256 SET NOT NULL, "
+    "ADD CONSTRAINT payload_is_json CHECK (payload IS NULL OR payload::json IS NOT NULL), "
+    "ADD CONSTRAINT payload_sha256_shape CHECK (length(payload_sha256) = 32), "
+    "ADD CONSTRAINT finished_at_iff_done CHECK ((state = 'done') = (finished_at IS NOT NULL)), "
+    "ADD CONSTRAINT pruned_only_when_done CHECK (payload IS NOT NULL OR state = 'done')",
+    "DROP INDEX messages_ready",
+    "DROP INDEX messages_leased",
+    LIVE_INDEX,
+    COMPACTED_TABLE,
+)
+POSTGRES_STEPS: dict[int, tuple[str, ...]] = {1: _POSTGRES_1_TO_2}
+# How long a migration step waits for a lock a worker holds before it gives up.
+# While it waits, every worker's next statement on the table waits behind it:
+# this is also the longest a step can hold the workers up before it starts.
+MIGRATION_LOCK_TIMEOUT = "5s"
 
 
 class DatabaseClock:

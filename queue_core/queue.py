@@ -33,13 +33,15 @@ from typing import Any, Iterator, Sequence
 from .clock import Clock, SystemClock
 from .crashpoints import crash_point
 from .errors import BatchConflict, NotRedrivable, UnknownEvent
-from .ingest import EVENT_ID, Batch, parse_batch, read_batch
-from .storage import SYNCHRONOUS_MODES
+from .ingest import EVENT_ID, Batch, parse_batch, payload_digest, read_batch
+from .storage import SCHEMA_VERSION, SYNCHRONOUS_MODES, too_old
 from .stores import open_store
 from .transitions import (CLAIM, DUE, EXPIRED, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss,
                           picking, write_journal)
 from .values import EnqueueResult, Lease, Outcome, State
 from .acks import QueueAcks, _by_event_id, _leases, _require_lease
+from .migrations import Migration, migrate
+from .retention import PRUNE_BATCH, Pruned, prune
 from .views import QueueViews
 
 
@@ -103,7 +105,9 @@ class Queue(QueueAcks, QueueViews):
         # The two statements that change the rows a read picks (``transitions``).
         self._claim_sql = picking(CLAIM, DUE, self.store.picked)
         self._recover_sql = picking(RECOVER, EXPIRED, self.store.picked)
-        self.store.prepare(create=create)
+        # An earlier schema version is read as it is; every write refuses it
+        # (``transaction``) until ``migrations.migrate`` upgraded it.
+        self.schema_version = self.store.prepare(create=create)
 
     def __repr__(self) -> str:
         return (f"Queue({self.store.describe()!r}, clock={self.clock!r}, "
@@ -140,6 +144,8 @@ class Queue(QueueAcks, QueueViews):
         success, roll back on any exception. ``relaxed=True`` commits it
         without an fsync (claims only; see ``claim_batch``).
         """
+        if self.schema_version != SCHEMA_VERSION:
+            raise too_old(self.store.describe(), self.schema_version)
         # In a session the transaction helper is entered directly: a worker
         # runs this twice per message, and two nested generator-based context
         # managers cost more CPU than the statements they wrap.
@@ -163,25 +169,31 @@ class Queue(QueueAcks, QueueViews):
 
         Raises ``BatchConflict`` (code ``batch_conflict``) if an event id is
         already stored with a different payload; then nothing is written.
+        Payloads are compared by their SHA-256, which the queue keeps for
+        every event forever: a replay of a pruned event gets the same
+        answer as before it was pruned.
         """
         with self.transaction() as conn:
             self.store.serialize_enqueue(conn)
             now = self.clock.now()
-            stored = _stored_payloads(conn, [event.event_id for event in batch.events])
+            stored = _stored_digests(conn, [event.event_id for event in batch.events])
             new = []
             for event in batch.events:
                 known = stored.get(event.event_id)
+                digest = payload_digest(event.payload)
                 if known is None:
-                    new.append(event)
-                elif known != event.payload:
+                    new.append((event, digest))
+                elif known != digest:
                     raise BatchConflict(
                         f"{event.event_id} is already stored with a different payload; "
                         "a correction needs a new event id",
                         line=event.line, event_id=event.event_id)
-            conn.executemany("INSERT INTO messages (event_id, payload, available_at) VALUES (?, ?, ?)",
-                             [(event.event_id, event.payload, now) for event in new])
+            conn.executemany("INSERT INTO messages (event_id, payload, payload_sha256, "
+                             "available_at) VALUES (?, ?, ?, ?)",
+                             [(event.event_id, event.payload, digest, now)
+                              for event, digest in new])
             write_journal(conn, [(now, event.event_id, None, State.READY, 0, 0, "enqueued")
-                            for event in new])
+                                 for event, _ in new])
         return EnqueueResult(inserted=len(new), duplicates=batch.repeats + len(batch) - len(new))
 
     def enqueue_file(self, path: str | os.PathLike[str]) -> EnqueueResult:
@@ -345,8 +357,26 @@ class Queue(QueueAcks, QueueViews):
             self.store.write_journal(conn, journal)
 
 
-def _stored_payloads(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str, str]:
-    return {event_id: row[0] for event_id, row in _by_event_id(conn, "payload", event_ids).items()}
+    # -- the queue's lifetime ---------------------------------------------------
+
+    def migrate(self) -> Migration:
+        """Upgrade this queue to the engine's schema version, one transaction per
+        step (see ``migrations``); a queue already current is left as it is."""
+        done = migrate(self.path)
+        self.schema_version = done.to_version
+        return done
+
+
+    def prune(self, older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pruned:
+        """Drop the payload and the journal rows of each ``done`` message that
+        finished at least ``older_than`` seconds ago, keeping its key, digest,
+        effect and a compacted record, in short transactions (see ``retention``)."""
+        return prune(self, older_than, batch_size=batch_size)
+
+
+def _stored_digests(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str, bytes]:
+    return {event_id: bytes(row[0])
+            for event_id, row in _by_event_id(conn, "payload_sha256", event_ids).items()}
 
 
 def _require_positive(name: str, value: int) -> None:

@@ -18,6 +18,7 @@ file of another application is left byte for byte as it was.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import sqlite3
 import struct
@@ -27,6 +28,7 @@ from types import TracebackType
 from typing import Any, Callable, TypeVar
 from urllib.parse import quote
 
+from .crashpoints import crash_point
 from .errors import UnusableFile
 
 try:
@@ -38,9 +40,9 @@ from .transitions import write_journal
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF")
 # The queue's pages are small: a row is a few hundred bytes, and every commit
 # appends each page it changed, whole, to the WAL before its fsync. An ACK that
-# claims the next message changes five pages (its row and the next one's, the
-# ready and leased indexes, the effect, the journal): 5 KB with 1 KB pages
-# instead of 20 KB with SQLite's default 4 KB.
+# claims the next message changes four pages (its row and the next one's, the
+# live index, the effect, the journal): 4 KB with 1 KB pages instead of 16 KB
+# with SQLite's default 4 KB.
 PAGE_SIZE = 1024
 # SQLite checkpoints the WAL into the file once it holds 1000 pages: 4 MB of its
 # default 4 KB pages, but only 1 MB of ours. A checkpoint costs two fsyncs and
@@ -48,7 +50,8 @@ PAGE_SIZE = 1024
 CHECKPOINT_PAGES = 4 * 1024 * 1024 // PAGE_SIZE
 BUSY_TIMEOUT_SECONDS = 30.0
 APPLICATION_ID = 0x51435545  # "QCUE" in the header's bytes 68-71: this is a queue file
-SCHEMA_VERSION = 1           # PRAGMA user_version of the schema below
+SCHEMA_VERSION = 2           # PRAGMA user_version of the schema below; ``migrations``
+                             # upgrades a file of every earlier version to it
 
 # The state checks are written as OR chains, not ``IN ('ready', ...)``: for an
 # IN list of more than two constants SQLite builds a temporary index each time
@@ -58,7 +61,10 @@ CREATE TABLE messages (
     event_id     TEXT PRIMARY KEY
                  CONSTRAINT event_id_shape
                  CHECK (length(event_id) = 5 AND event_id GLOB 'E[0-9][0-9][0-9][0-9]'),
-    payload      TEXT NOT NULL CONSTRAINT payload_is_json CHECK (json_valid(payload)),
+    -- NULL once pruned (``retention``); its digest stays, and deduplicates forever.
+    payload      TEXT CONSTRAINT payload_is_json CHECK (payload IS NULL OR json_valid(payload)),
+    payload_sha256 BLOB NOT NULL
+                 CONSTRAINT payload_sha256_shape CHECK (length(payload_sha256) = 32),
     state        TEXT NOT NULL DEFAULT 'ready'
                  CONSTRAINT state_valid CHECK (state = 'ready' OR state = 'leased'
                                                OR state = 'done' OR state = 'dead'),
@@ -68,16 +74,25 @@ CREATE TABLE messages (
     available_at INTEGER NOT NULL,
     lease_until  INTEGER,
     last_error   TEXT,
+    finished_at  INTEGER,
     CONSTRAINT lease_until_iff_leased CHECK ((state = 'leased') = (lease_until IS NOT NULL)),
     CONSTRAINT leased_was_claimed CHECK (state <> 'leased' OR attempts >= 1),
-    CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL)
+    CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL),
+    CONSTRAINT finished_at_iff_done CHECK ((state = 'done') = (finished_at IS NOT NULL)),
+    CONSTRAINT pruned_only_when_done CHECK (payload IS NOT NULL OR state = 'done')
 ) STRICT;
 
--- Claim reads only these rows, in this order: done rows never slow it down.
-CREATE INDEX messages_ready
-    ON messages (available_at, event_id) WHERE state = 'ready';
-CREATE INDEX messages_leased
-    ON messages (lease_until) WHERE state = 'leased';
+-- ONE index for every row the queue still moves or may prune: those that keep
+-- their payload (a pruned row leaves it). Claims and recoveries read their
+-- state's range of it (the ready rows in due order, the few leased rows), and
+-- prune the oldest done rows; dead rows sit apart. A claim moves a row from the
+-- head of the ready range to the end of the leased range just before it, an ACK
+-- from there to the end of the done range just before that: the worker loop's
+-- step changes one page of this index, where two indexes (ready, leased) changed
+-- two. The queries name its condition (``payload IS NOT NULL``), so that the
+-- database may use it.
+CREATE INDEX messages_live ON messages (state, available_at, event_id, lease_until, finished_at)
+    WHERE payload IS NOT NULL;
 
 CREATE TABLE effects (
     event_id     TEXT PRIMARY KEY REFERENCES messages (event_id),
@@ -89,6 +104,8 @@ CREATE TABLE effects (
 -- Journal of state changes, written in the same transaction as each change.
 -- Append-only and read whole (plots, audits); no second index, so each
 -- commit writes one journal page, not two. One event's history is a scan.
+-- A sequence number is never reused: prune never deletes the journal's last
+-- row (SQLite gives a new row the largest rowid plus one).
 CREATE TABLE transitions (
     seq        INTEGER PRIMARY KEY,
     at         INTEGER NOT NULL,
@@ -113,6 +130,20 @@ CREATE TABLE transitions (
         WHEN from_state = 'dead' THEN to_state = 'ready'                 -- redrive
         ELSE FALSE END)
 ) STRICT;
+
+-- What a pruned message's journal proved, kept in its place (``retention``):
+-- enqueued once, claimed ``claims`` times (generations 1..claims, one by one),
+-- redriven ``redrives`` times, completed once by its newest lease, with this
+-- effect. The audit holds the message and its effect against it.
+CREATE TABLE compacted (
+    event_id     TEXT PRIMARY KEY REFERENCES messages (event_id),
+    enqueued_at  INTEGER NOT NULL,
+    claims       INTEGER NOT NULL CONSTRAINT claimed_at_least_once CHECK (claims >= 1),
+    redrives     INTEGER NOT NULL CONSTRAINT redrives_counted CHECK (redrives >= 0),
+    steps        INTEGER NOT NULL CONSTRAINT steps_counted CHECK (steps >= claims + 2),
+    category     TEXT NOT NULL,
+    amount_cents INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
 """
 
 
@@ -472,22 +503,40 @@ class read_transaction:  # noqa: N801 - used like a function
         self.conn.rollback()  # nothing was written: ending the read is all there is to do
 
 
-def prepare(path: str | os.PathLike[str], *, create: bool = True) -> None:
-    """Make ``path`` a usable queue file, or refuse it without writing a byte.
+def prepare(path: str | os.PathLike[str], *, create: bool = True) -> int:
+    """Make ``path`` a usable queue file, or refuse it without writing a byte;
+    return its schema version.
 
-    A file with the queue's mark is used as it is (nothing is written). A
-    missing or empty file is created, if ``create``. Anything else raises
-    ``UnusableFile``: ``not_a_queue`` (another application's database),
-    ``schema_too_new`` (a later version of this package made it),
-    ``not_a_database`` (not SQLite, or truncated) or ``no_queue_file``.
+    A file with the queue's mark is used as it is (nothing is written; one
+    of an earlier schema version too: reading it is safe, and writing is
+    refused until ``migrations.migrate`` upgraded it). A missing or empty
+    file is created, if ``create``. Anything else raises ``UnusableFile``:
+    ``not_a_queue`` (another application's database), ``schema_too_new``
+    (a later version of this package made it), ``not_a_database`` (not
+    SQLite, or truncated) or ``no_queue_file``.
     """
     found = inspect(path)
     if found == "queue":
-        return
+        return schema_version(path)
     if not create:
         raise UnusableFile("no_queue_file", f"{os.fspath(path)}: no queue here yet "
                            "(enqueue a batch to create one)")
     _create(path)
+    return schema_version(path)
+
+
+def schema_version(path: str | os.PathLike[str]) -> int:
+    """The schema version in the header of the queue file ``path`` (``PRAGMA
+    user_version``, bytes 60-63), read without opening the database."""
+    with open(os.fspath(path), "rb") as file:
+        return int.from_bytes(file.read(64)[60:64], "big")
+
+
+def too_old(where: str, version: int) -> UnusableFile:
+    """The refusal of a write to a queue of an earlier schema version."""
+    return UnusableFile("schema_too_old", f"{where} has queue schema version {version}; this "
+                        f"version of queue_core writes version {SCHEMA_VERSION}: run "
+                        "`queue-core migrate` first (reading commands read it as it is)")
 
 
 def inspect(path: str | os.PathLike[str]) -> str:
@@ -582,7 +631,10 @@ def _create(path: str | os.PathLike[str]) -> None:
     """
     conn = connect(path)
     try:
-        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # takes effect only on an empty file
+        # Both take effect only on an empty file, before its first table. Incremental
+        # auto-vacuum lets prune give the pages it frees back to the file system.
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         with transaction(conn):
             application_id = conn.execute("PRAGMA application_id").fetchone()[0]
             objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
@@ -590,7 +642,7 @@ def _create(path: str | os.PathLike[str]) -> None:
                 if objects:
                     raise UnusableFile("not_a_queue", f"{os.fspath(path)} was filled by "
                                        "another application while the queue was opening it")
-                for statement in _statements(SCHEMA):
+                for statement in statements(SCHEMA):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -599,7 +651,7 @@ def _create(path: str | os.PathLike[str]) -> None:
         conn.close()
 
 
-def _statements(script: str) -> list[str]:
+def statements(script: str) -> list[str]:
     """Split the schema into statements (``executescript`` would COMMIT first)."""
     statements, current = [], ""
     for line in script.splitlines(keepends=True):
@@ -608,6 +660,86 @@ def _statements(script: str) -> list[str]:
             statements.append(current.strip())
             current = ""
     return statements
+
+
+# -- migrations: one step per schema version, each in ONE transaction ------------------
+
+# Schema 1 -> 2 (``SCHEMA`` above is 2). SQLite cannot drop a column's NOT NULL
+# or add a NOT NULL column without a default in place, so ``messages`` is
+# rebuilt: a new table, filled from the old one, renamed into its place (the
+# steps of "Making Other Kinds Of Table Schema Changes" in SQLite's ALTER TABLE
+# page). The other tables keep their rows; their foreign keys name
+# ``messages``, which they find again once the rename is done.
+_MESSAGES_V2 = next(statement for statement in statements(SCHEMA)
+                    if "CREATE TABLE messages (" in statement)
+_REBUILD_MESSAGES_V2 = (
+    _MESSAGES_V2.replace("CREATE TABLE messages (", "CREATE TABLE messages_v2 (", 1),
+    # A done message finished when its last ``done`` step was journalled; a
+    # done message with no such step (a file edited by hand: the audit says
+    # so) is given the time it became available, so the copy never fails.
+    "INSERT INTO messages_v2 (event_id, payload, payload_sha256, state, attempts, generation, "
+    "available_at, lease_until, last_error, finished_at) "
+    "SELECT m.event_id, m.payload, queue_sha256(m.payload), m.state, m.attempts, m.generation, "
+    "m.available_at, m.lease_until, m.last_error, "
+    "CASE WHEN m.state = 'done' THEN coalesce(f.at, m.available_at) END "
+    "FROM messages AS m LEFT JOIN (SELECT event_id, max(at) AS at FROM transitions "
+    "WHERE to_state = 'done' GROUP BY event_id) AS f ON f.event_id = m.event_id",
+    "DROP TABLE messages",
+    "ALTER TABLE messages_v2 RENAME TO messages",
+    *(statement for statement in statements(SCHEMA)
+      if "CREATE INDEX messages_live" in statement or "CREATE TABLE compacted" in statement),
+)
+
+
+def _sqlite_1_to_2(conn: sqlite3.Connection) -> int:
+    conn.create_function("queue_sha256", 1, _sha256_of_text, deterministic=True)
+    rows = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+    for statement in _REBUILD_MESSAGES_V2:
+        conn.execute(statement)
+    return int(rows)
+
+
+def _sha256_of_text(text: str | None) -> bytes | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).digest()
+
+
+# version -> the step that upgrades a file of that version to the next one
+SQLITE_STEPS: dict[int, Callable[[sqlite3.Connection], int]] = {1: _sqlite_1_to_2}
+
+
+def migrate_step(path: str | os.PathLike[str], version: int) -> int | None:
+    """Upgrade the queue file ``path`` from schema ``version`` to the next, in ONE
+    transaction; return how many messages it rewrote, or ``None`` if the file
+    was no longer at ``version`` once the write lock was taken (another
+    migrator was first: nothing is done twice).
+
+    The version is read again inside the transaction, under the write lock;
+    the step and the new ``user_version`` commit together, so a crash leaves
+    the old version intact or the new one complete. Foreign keys are off for
+    the step's connection, as a table rebuild needs (``DROP TABLE`` would
+    otherwise check every effect and journal row against a table being
+    replaced), and ``foreign_key_check`` must find nothing before the commit.
+    """
+    conn = connect(path)
+    try:
+        conn.execute("PRAGMA foreign_keys = OFF")  # only outside a transaction
+        with transaction(conn):
+            crash_point("migrate.after_begin")
+            if conn.execute("PRAGMA user_version").fetchone()[0] != version:
+                return None
+            rows = SQLITE_STEPS[version](conn)
+            crash_point("migrate.after_copy")
+            broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise UnusableFile("migration_failed", f"{os.fspath(path)}: after the step to "
+                                   f"schema {version + 1}, {len(broken)} rows point at no "
+                                   "message; nothing was changed")
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            crash_point("migrate.before_commit")
+        crash_point("migrate.after_commit")
+        return rows
+    finally:
+        conn.close()
 
 
 # -- the store: what differs between SQLite and PostgreSQL ------------------------------
@@ -635,8 +767,11 @@ class SqliteStore:
     def describe(self) -> str:
         return os.path.basename(self.target)
 
-    def prepare(self, *, create: bool = True) -> None:
-        prepare(self.target, create=create)
+    def prepare(self, *, create: bool = True) -> int:
+        return prepare(self.target, create=create)
+
+    def migrate_step(self, version: int) -> int | None:
+        return migrate_step(self.target, version)
 
     def connect(self, *, synchronous: str = "FULL") -> sqlite3.Connection:
         return connect(self.target, synchronous=synchronous)

@@ -39,12 +39,16 @@ JOURNAL_COLUMNS = "event_id, from_state, to_state, generation, attempts, reason"
 JOURNAL_INSERT = ("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
                   "attempts, reason) VALUES (?, ?, ?, ?, ?, ?, ?)")
 
-# The claim's two reads of candidates: each walks a partial index (messages_ready,
-# messages_leased) in order, so the cost of a claim does not grow with the done
-# rows kept forever. Parameters: now, limit; now.
-DUE = ("SELECT event_id FROM messages WHERE state = 'ready' AND available_at <= ? "
+# The claim's two reads of candidates: each walks its state's range of the
+# partial index ``messages_live`` (the ready rows in due order, the few leased
+# rows), so the cost of a claim does not grow with the done rows kept forever.
+# ``payload IS NOT NULL`` is the index's condition, named so that the database
+# may use it (a ready or leased row always has its payload: the schema's
+# ``pruned_only_when_done``). Parameters: now, limit; now.
+LIVE = "payload IS NOT NULL"
+DUE = (f"SELECT event_id FROM messages WHERE state = 'ready' AND {LIVE} AND available_at <= ? "
        "ORDER BY available_at, event_id LIMIT ?")
-EXPIRED = "SELECT event_id FROM messages WHERE state = 'leased' AND lease_until <= ?"
+EXPIRED = f"SELECT event_id FROM messages WHERE state = 'leased' AND {LIVE} AND lease_until <= ?"
 
 # ready -> leased: the due messages in (available_at, event_id) order, up to a limit
 # (``{picked}`` is the store's form of ``DUE``). Parameters: lease_until, now, limit. Also returns lease_until and available_at
@@ -73,8 +77,9 @@ RECOVER = ("UPDATE messages SET "
 HELD = "event_id = ? AND state = 'leased' AND generation = ? AND lease_until > ?"
 
 # leased -> done, the ACK's write (the effect is INSERTed before it, in the same
-# transaction). Parameters: the guard's.
-ACK = ("UPDATE messages SET state = 'done', lease_until = NULL WHERE " + HELD +
+# transaction), with the time it finished, from which retention counts its age.
+# Parameters: finished_at, the guard's.
+ACK = ("UPDATE messages SET state = 'done', lease_until = NULL, finished_at = ? WHERE " + HELD +
        " RETURNING event_id, 'leased' AS from_state, 'done' AS to_state, generation, "
        "attempts, 'completed' AS reason")
 

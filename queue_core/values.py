@@ -52,7 +52,7 @@ class Message:
     """One stored row of ``messages``, exactly as the database holds it."""
 
     event_id: str
-    payload: str
+    payload: str | None  # None once pruned: its digest and effect stay (``retention``)
     state: State
     attempts: int
     generation: int
@@ -66,6 +66,22 @@ class Message:
         event_id, payload, state, attempts, generation, available_at, lease_until, last_error = row
         return cls(event_id, payload, State(state), attempts, generation,
                    available_at, lease_until, last_error)
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """What a pruned message's journal proved, kept in its place (``retention``):
+    enqueued at ``enqueued_at``, claimed ``claims`` times (generations 1 to
+    ``claims``), redriven ``redrives`` times, completed once by its newest
+    lease, in ``steps`` journal rows, with this effect."""
+
+    event_id: str
+    enqueued_at: int
+    claims: int
+    redrives: int
+    steps: int
+    category: str
+    amount_cents: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +106,12 @@ class Status:
     effects: int
     totals: Mapping[str, int]
     total: int
+    pruned: int = 0  # done messages whose payload and journal were pruned
 
     def as_dict(self) -> dict[str, Any]:
         """The shape ``status --json`` prints."""
         return {"states": dict(self.states), "effects": self.effects,
-                "totals": dict(self.totals), "total": self.total}
+                "totals": dict(self.totals), "total": self.total, "pruned": self.pruned}
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +133,7 @@ class Metrics:
     expired_leases: int
     dead_attempts: Mapping[str, int]
     next_due_at: int | None = None
+    pruned: int = 0  # done messages whose payload and journal were pruned
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,8 +63,8 @@ EDITS: dict[str, tuple[str, ...]] = {
                           "WHERE event_id = 'E0004'",),
     "illegal_edge": ("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
                      "attempts, reason) VALUES (1000, 'E0004', 'dead', 'done', 1, 1, 'x')",
-                     "UPDATE messages SET state = 'done', last_error = NULL "
-                     "WHERE event_id = 'E0004'",
+                     "UPDATE messages SET state = 'done', last_error = NULL, "
+                     "finished_at = 1000 WHERE event_id = 'E0004'",
                      "INSERT INTO effects VALUES ('E0004', 'toy', 3000)"),
     "generation_skipped": ("UPDATE messages SET generation = 5 WHERE event_id = 'E0003'",),
     "double_ack": ("INSERT INTO transitions (at, event_id, from_state, to_state, generation, "
@@ -77,6 +77,11 @@ EDITS: dict[str, tuple[str, ...]] = {
                    "UPDATE messages SET generation = 2, attempts = 2 WHERE event_id = 'E0001'"),
     "stale_lease_accepted": ("UPDATE transitions SET generation = 0 "
                              "WHERE event_id = 'E0002' AND to_state = 'done'",),
+    "digest_differs": ("UPDATE messages SET payload_sha256 = zeroblob(32) "
+                       "WHERE event_id = 'E0001'",),
+    # a pruned message whose compacted record was deleted (the payload dropped by hand)
+    "history_missing": ("DELETE FROM transitions WHERE event_id = 'E0001'",
+                        "UPDATE messages SET payload = NULL WHERE event_id = 'E0001'"),
 }
 
 
@@ -133,8 +138,8 @@ def test_an_index_that_no_longer_matches_its_table_is_reported_by_the_integrity_
     # Redefine the partial index behind SQLite's back: its stored entries now
     # disagree with what its definition says they should hold.
     edit(db_path, "PRAGMA writable_schema = ON",
-         "UPDATE sqlite_master SET sql = replace(sql, '= ''ready''', '= ''done''') "
-         "WHERE name = 'messages_ready'")
+         "UPDATE sqlite_master SET sql = replace(sql, 'payload IS NOT NULL', 'payload IS NULL') "
+         "WHERE name = 'messages_live'")
 
     assert "integrity_check" in {f.name for f in findings(db_path)}
 

@@ -137,7 +137,7 @@ def test_a_payload_the_handler_refuses_is_the_queues_dead_letter_or_the_naive_st
     consume(broker, tmp_path / "inbox.sqlite3")
     assert broker.dead_letters() == []  # stored: the queue sends it dead, redrive can fix it
     states = snapshot(tmp_path / "inbox.sqlite3")["messages"]
-    assert [(row[0], row[2], row[7]) for row in states] == [("E0001", "dead", "invalid_payload")]
+    assert [(row[0], row[3], row[8]) for row in states] == [("E0001", "dead", "invalid_payload")]
     other = open_broker(broker.url)
     try:
         other.publish(toy + "\n")

@@ -274,7 +274,7 @@ def test_metrics_prints_plain_figures_and_says_when_the_next_message_is_due(
         "dead attempts:  none dead"]
     assert json.loads(early_json.stdout) == {
         "at": 1990, "depth": {"ready": 4, "leased": 0, "done": 0, "dead": 0},
-        "oldest_ready_age": None, "next_due_at": 2000, "expired_leases": 0, "dead_attempts": {}}
+        "oldest_ready_age": None, "next_due_at": 2000, "expired_leases": 0, "dead_attempts": {}, "pruned": 0}
     assert snapshot(scratch / "queue.sqlite3") == before
 
     assert run(scratch, "--now", "2000", "work", "--max", "3").returncode == 0
@@ -370,7 +370,7 @@ def test_the_last_line_of_work_says_why_it_stopped(
     (["--db", "q.sqlite3", "wrok", "--max", "2"],
      "'wrok' is no command; did you mean 'work'? as in: queue-core --db q.sqlite3 work --max 2"),
     (["frobnicate"], "'frobnicate' is no command; the commands are enqueue, work, status, "
-                     "metrics, redrive, demo")], ids=["status", "work", "none-close"])
+                     "metrics, redrive, prune, migrate, demo")], ids=["status", "work", "none-close"])
 def test_a_misspelt_command_is_refused_with_the_closest_command_and_touches_nothing(
         scratch: Path, args: list[str], said: str) -> None:
     before = sorted(path.name for path in scratch.iterdir())

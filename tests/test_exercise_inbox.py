@@ -8,6 +8,7 @@ broker's idle time. Solved cases are read back through a second connection.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from functools import partial
@@ -203,8 +204,9 @@ def test_exercise_7_a_step_that_writes_the_rows_by_hand_is_found_by_the_audit(
         event = json.loads(line)
         payload = json.dumps(event["payload"], sort_keys=True, separators=(",", ":"))
         with queue.transaction() as conn:
-            conn.execute("INSERT OR IGNORE INTO messages (event_id, payload, state, available_at) "
-                         "VALUES (?, ?, 'done', 1000)", (event["event_id"], payload))
+            conn.execute("INSERT OR IGNORE INTO messages (event_id, payload, payload_sha256, "
+                         "state, available_at, finished_at) VALUES (?, ?, ?, 'done', 1000, 1000)",
+                         (event["event_id"], payload, hashlib.sha256(payload.encode()).digest()))
             conn.execute("INSERT OR IGNORE INTO effects (event_id, category, amount_cents) "
                          "VALUES (?, ?, ?)", (event["event_id"], event["payload"]["category"],
                                               event["payload"]["amount_cents"]))

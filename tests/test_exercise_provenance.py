@@ -226,7 +226,7 @@ def test_an_edited_or_removed_witness_is_refused_with_the_way_back(
 
 def test_the_naive_workers_process_signs_its_steps_and_a_run_on_a_plain_queue_does_not(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    steps = ["UPDATE messages SET state = 'done', lease_until = NULL "
+    steps = ["UPDATE messages SET state = 'done', lease_until = NULL, finished_at = :now "
              "WHERE event_id = :event_id AND generation = :generation",
              "INSERT INTO effects (event_id, category, amount_cents) "
              "VALUES (:event_id, :category, :amount_cents)"]

@@ -99,7 +99,7 @@ ROUTES = [
         (19000, 4, {"done": 4, "dead": 1})),
     Route(1, "effect-written-without-a-worker", lambda t: one_with(t, NEW_E0005, work=False,
         statements=("INSERT INTO effects (event_id, category, amount_cents) VALUES "
-                    "('E0005', 'pen', 2000)", "UPDATE messages SET state = 'done' "
+                    "('E0005', 'pen', 2000)", "UPDATE messages SET state = 'done', finished_at = 1000 "
                                               "WHERE event_id = 'E0005'")),
         ("a hand edit", "journal_disagrees: E0005"), "run `start_1` again",
         (19000, 4, {"done": 4, "dead": 1})),
@@ -276,7 +276,8 @@ ROUTES += [
         ("no new event expected, found E0005", "dead expected 0, found 1"),
         "recover E0004 instead", (20000, 4, {"done": 4, "dead": 1})),
     Route(3, "e0004-set-done-by-hand", lambda t: three_with(t, lambda q: sql(
-        q.path, "UPDATE messages SET state = 'done', last_error = NULL WHERE event_id = 'E0004'",
+        q.path, "UPDATE messages SET state = 'done', last_error = NULL, finished_at = 1000 "
+        "WHERE event_id = 'E0004'",
         "INSERT INTO effects (event_id, category, amount_cents) VALUES ('E0004', 'toy', 3000)")),
         ("a hand edit", "journal_disagrees: E0004", "a redrive of E0004 expected, found none"),
         "run `start_3` again", (20000, 4, {"done": 4})),
@@ -363,7 +364,7 @@ def lease_of_exercise_3(tmp: Path) -> Lease:
 
 def hand_finished(tmp: Path) -> tuple[Any, ...]:
     queue, _, before, _ = takeover(tmp)
-    sql(queue.path, "UPDATE messages SET state = 'done', last_error = NULL",
+    sql(queue.path, "UPDATE messages SET state = 'done', last_error = NULL, finished_at = 1000",
         "INSERT INTO effects (event_id, category, amount_cents) VALUES ('E0004', 'toy', 3000)")
     return queue, before, before
 
@@ -562,7 +563,8 @@ def six_with(tmp: Path, steps: list[str], *, crash_after: int = 1,
 def set_done_by_hand_with_a_run_of_another_queue(tmp: Path) -> tuple[Any, ...]:
     _, elsewhere = six_with(place(tmp, "other"), [ACK, INSERT])
     queue = exercises.start_6(place(tmp, "q6"))
-    sql(queue.path, "UPDATE messages SET state = 'done' WHERE event_id = 'E0003'")
+    sql(queue.path, "UPDATE messages SET state = 'done', finished_at = 1000 "
+        "WHERE event_id = 'E0003'")
     return queue, elsewhere
 
 
@@ -585,6 +587,11 @@ ROUTES += [
         ("CHECK constraint lease_until_iff_leased refused it (IntegrityError)",
          "a done row needs lease_until = NULL"), "set `lease_until = NULL`",
         (0, 0, {"leased": 1})),
+    Route(6, "an-ack-without-its-finish-time", lambda t: six_with(t, [ACK.replace(
+        ", finished_at = :now", ""), INSERT]),
+        ("CHECK constraint finished_at_iff_done refused it (IntegrityError)",
+         "a message is done exactly when finished_at is set"), "set `finished_at = :now`",
+        (0, 0, {"leased": 1})),
     Route(6, "insert-before-ack", lambda t: six_with(t, [INSERT, ACK]),
         ("the INSERT committed first", "a retry writes the effect a second time"),
         "swap the steps", (5000, 1, {"leased": 1})),
@@ -597,7 +604,7 @@ ROUTES += [
     Route(6, "insert-first-then-the-loss-made-by-hand", lambda t: six_with(
         t, [INSERT, ACK], then=lambda q: sql(
             q.path, "DELETE FROM effects",
-            "UPDATE messages SET state = 'done', lease_until = NULL")),
+            "UPDATE messages SET state = 'done', lease_until = NULL, finished_at = 1000")),
         ("q6 is not what your run left", "a hand edit changed it after the run"),
         "run `start_6` again", (0, 0, {"done": 1})),
     Route(6, "an-ack-that-matches-no-row", lambda t: six_with(t, [ACK.replace(

@@ -28,7 +28,7 @@ from queue_core.lab.exercises import NOT_ATTEMPTED, NOT_QUITE, SOLVED, Verdict
 
 NEW_E0005 = '{"event_id": "E0005", "payload": {"category": "pen", "amount_cents": 2000}}'
 EDIT_E0001 = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 12000}}'
-ACK = ("UPDATE messages SET state = 'done', lease_until = NULL "
+ACK = ("UPDATE messages SET state = 'done', lease_until = NULL, finished_at = :now "
        "WHERE event_id = :event_id AND generation = :generation")
 INSERT = ("INSERT INTO effects (event_id, category, amount_cents) "
           "VALUES (:event_id, :category, :amount_cents)")

@@ -187,9 +187,9 @@ def _write_ledger(conn: Any, event_id: str, effect: Effect) -> None:
 
 
 def _mark_done(conn: Any, queue: Queue, lease: Lease) -> None:
-    conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
+    conn.execute("UPDATE messages SET state = 'done', lease_until = NULL, finished_at = ? "
                  "WHERE event_id = ? AND state = 'leased' AND generation = ?",
-                 (lease.event_id, lease.generation))
+                 (queue.clock.now(), lease.event_id, lease.generation))
     write_journal(conn, [(queue.clock.now(), lease.event_id, State.LEASED, State.DONE,
                      lease.generation, lease.attempt, "completed")])
 
@@ -223,8 +223,9 @@ class NoGenerationCheck(_Contrast):
             crash_point("complete.after_insert")
             _unfenced(conn, self, lease)
             crash_point("complete.after_recheck")
-            conn.execute("UPDATE messages SET state = 'done', lease_until = NULL "
-                         "WHERE event_id = ? AND state = 'leased'", (lease.event_id,))
+            conn.execute("UPDATE messages SET state = 'done', lease_until = NULL, "
+                         "finished_at = ? WHERE event_id = ? AND state = 'leased'",
+                         (self.clock.now(), lease.event_id))
             write_journal(conn, [(self.clock.now(), lease.event_id, State.LEASED, State.DONE,
                              lease.generation, lease.attempt, "completed")])
             crash_point("complete.before_commit")

@@ -1,0 +1,87 @@
+"""Upgrading a queue to the engine's schema version, one step per version.
+
+A queue's schema version is ``PRAGMA user_version`` in a SQLite file, the
+``schema_version`` of ``queue_core_meta`` on PostgreSQL; both stores share
+one number (``storage.SCHEMA_VERSION``). Each store lists its steps
+(``storage.SQLITE_STEPS``, ``postgres.POSTGRES_STEPS``), one per version,
+and runs each in ONE transaction that reads the version again inside it:
+
+- a crash (or a power loss) leaves the old version intact or the new one
+  complete, never a mixture;
+- two migrators started at once cannot both apply a step: the second finds
+  the new version once it holds the lock, and does nothing;
+- a second run changes nothing and says the queue is already current.
+
+Before it is migrated, a queue of an earlier version is read as it is by
+every reading command, and refused by every writing one (``schema_too_old``).
+An engine of an earlier version refuses a migrated queue when it opens it
+(``schema_too_new``). A worker of that engine that is still running when the
+step commits keeps sending its own statements, which schema 2 either still
+accepts unchanged (claims, recoveries, failures, releases, redrives: none of
+them touches what schema 2 added) or refuses loudly, changing nothing (an
+ACK without its finish time, and an enqueue without its payload's digest,
+fail the schema's CHECK and NOT NULL constraints). So no row is ever written
+that schema 2 misreads; the refused ACK's lease expires, and a worker of
+this engine finishes the message.
+
+What a step does not change: the page size and the auto-vacuum mode of an
+existing SQLite file (only ``VACUUM`` can, rewriting the whole file). A file
+made before either stays as it is and keeps working; its freed pages are
+reused by the file rather than given back (see README, "Retention").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .storage import SCHEMA_VERSION
+from .stores import open_store
+
+__all__ = ["Migration", "migrate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """What ``migrate`` did: the versions before and after, and the steps applied
+    (each ``(from_version, messages rewritten)``); none if it was current."""
+
+    target: str
+    from_version: int
+    to_version: int
+    steps: tuple[tuple[int, int], ...]
+
+    @property
+    def rows(self) -> int:
+        """Messages rewritten, over every step."""
+        return sum(rows for _, rows in self.steps)
+
+    def lines(self) -> list[str]:
+        """What ``queue-core migrate`` prints."""
+        if not self.steps:
+            return [f"{self.target} is already at schema version {self.to_version}: "
+                    "nothing to do"]
+        said = [f"schema {version} -> {version + 1}: {rows} messages rewritten"
+                for version, rows in self.steps]
+        return [*said, f"{self.target} migrated from schema version {self.from_version} "
+                       f"to {self.to_version}"]
+
+
+def migrate(target: str | os.PathLike[str]) -> Migration:
+    """Upgrade the queue at ``target`` (a file, or a ``postgresql://`` string) to
+    ``SCHEMA_VERSION``, step by step; return what was done.
+
+    Refuses what ``Queue`` refuses (``no_queue_file``, ``not_a_queue``,
+    ``schema_too_new``, ...) without writing a byte. On PostgreSQL a step
+    waits at most ``postgres.MIGRATION_LOCK_TIMEOUT`` for the locks it
+    needs, then gives up (``migration_blocked``), having changed nothing.
+    """
+    store = open_store(target)
+    start = store.prepare(create=False)
+    version, steps = start, []
+    while version < SCHEMA_VERSION:
+        rows = store.migrate_step(version)
+        if rows is not None:  # None: another migrator applied this step first
+            steps.append((version, rows))
+        version += 1
+    return Migration(store.describe(), start, version, tuple(steps))
