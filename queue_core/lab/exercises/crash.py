@@ -26,8 +26,8 @@ __all__ = ["check_6"]
 
 _RUN = "`naive_run = exercises.run_naive_worker(q6, naive_steps)`"
 _AGAIN = f"run `start_6` again, then {_RUN} once"
-_ACK = ("`UPDATE messages SET state = 'done', lease_until = NULL WHERE event_id = :event_id "
-        "AND generation = :generation`")
+_ACK = ("`UPDATE messages SET state = 'done', lease_until = NULL, finished_at = :now "
+        "WHERE event_id = :event_id AND generation = :generation`")
 _INSERT = ("`INSERT INTO effects (event_id, category, amount_cents) VALUES (:event_id, "
            ":category, :amount_cents)`")
 

@@ -267,6 +267,13 @@ _CONSTRAINTS = {
     "lease_until_iff_leased": ("a message is leased exactly when lease_until is set, so a "
                                "done row needs lease_until = NULL",
                                "set `lease_until = NULL` in the same UPDATE (Hint 2)"),
+    "finished_at_iff_done": ("a message is done exactly when finished_at is set (the time "
+                             "it finished, from which retention counts its age)",
+                             "set `finished_at = :now` in the same UPDATE (Hint 2)"),
+    "pruned_only_when_done": ("only a done message may lose its payload",
+                              "leave payload alone"),
+    "payload_sha256_shape": ("payload_sha256 is the 32-byte SHA-256 of the payload",
+                             "leave payload_sha256 alone"),
     "state_valid": ("state is one of 'ready', 'leased', 'done' and 'dead'",
                     "write `state = 'done'`"),
     "dead_has_reason": ("a dead row needs a last_error", "mark the message 'done', not 'dead'"),
@@ -279,7 +286,8 @@ _CONSTRAINTS = {
     "category_named": ("an effect's category is not empty", "insert `:category`"),
 }
 _TABLES = ("the tables are messages (event_id, state, attempts, generation, available_at, "
-           "lease_until, last_error) and effects (event_id, category, amount_cents)")
+           "lease_until, last_error, finished_at) and effects (event_id, category, "
+           "amount_cents)")
 
 
 def explain_sql_error(error: str) -> tuple[str, str]:

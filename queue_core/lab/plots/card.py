@@ -127,6 +127,25 @@ ROWS: dict[str, Row] = {
     "redrive": Row("one write", "the id is an event id; the message exists and is `dead`",
                    "`dead → ready`, `attempts = 0`, `generation` kept",
                    (UNKNOWN, ("NotRedrivable", ("not_redrivable", "invalid_event_id")))),
+    "prune": Row(
+        "short writes of up to `batch_size` messages each, beside running workers",
+        "only `done` messages that finished at least `older_than` seconds ago, whose journal "
+        "the audit accepts; never the owner of the journal's last row",
+        "payload dropped (its SHA-256 stays), journal rows replaced by one compacted record; "
+        "key, effect and money kept forever; freed pages given back (`Pruned`)",
+        (), "`ValueError` for a negative or non-integer `older_than`"),
+    "migrate": Row(
+        "what `queue-core migrate` runs (also `queue_core.migrate(path)`): one transaction per "
+        "schema version, the version read again inside it (a second "
+        "migrator, or a second run, changes nothing)",
+        "the queue is one this version opens (`Queue`'s refusals); on PostgreSQL each step "
+        "waits at most 5 s for the locks it needs",
+        "the queue upgraded to this version's schema: each payload's digest, each done "
+        "message's finish time, the live index (`Migration`)",
+        (("UnusableFile", ("not_a_queue", "schema_too_new", "not_a_database", "no_queue_file",
+                           "migration_failed", "migration_blocked")),),
+        "`migration_blocked` on PostgreSQL only, `migration_failed` when the copy would leave "
+        "a row pointing at no message"),
     "status": _read("counts per state, effects and money (`Status`)"),
     "metrics": _read("depth per state, age of the oldest due message, `next_due_at` (when the next "
                      "one becomes due), expired leases not yet noticed, attempts of each dead "
@@ -208,8 +227,10 @@ def parts() -> list[Part]:
     helpers = tuple(worker_helpers())
     return [
         Part("Writes", "Each is one `BEGIN IMMEDIATE` transaction and journals its state changes "
-             "in `transitions` inside that same transaction (the heartbeat changes no state).",
-             writes),
+             "in `transitions` inside that same transaction (the heartbeat changes no state). "
+             "On a queue of an earlier schema version, which the reads read as it is, each is "
+             "refused until `queue_core.migrate` upgraded it.",
+             writes, (("UnusableFile", ("schema_too_old",)),)),
         Part("Reads", "Stored values only, in one read transaction on a read-only connection: "
              "they recover no lease, create no file and never wait for the write lock. Each may "
              "meet a journal that a killed writer left behind and this process may not roll "
