@@ -21,7 +21,7 @@ help:
 	@echo "make notebooks    re-execute every notebook in place (maintainers)"
 	@echo "make labcheck     Run All and every link, in JupyterLab in headless Chromium (maintainers)"
 	@echo "make bench        throughput against raw commits and peer queues, two disk regimes"
-	@echo "make reliability  crash sweep, fuzzing and stress figures (SOAK=1 for a long run)"
+	@echo "make reliability  crash and power-loss sweeps (migrate and prune too), fuzzing, stress (SOAK=1: long)"
 	@echo "make explore      every schedule of a small scenario, per protocol (about 30 s)"
 
 $(STAMP): pyproject.toml
