@@ -109,8 +109,9 @@ bench: $(STAMP)
 reliability: $(STAMP)
 	$(PY) benchmarks/reliability.py
 
+# PRUNE=1: the retention scenario instead (a prune, a late duplicate enqueue, a stale ACK)
 explore: $(STAMP)
-	$(PY) benchmarks/explore.py
+	$(PY) benchmarks/explore.py $(if $(filter 1,$(PRUNE)),--prune)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build
