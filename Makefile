@@ -22,7 +22,7 @@ help:
 	@echo "make labcheck     Run All and every link, in JupyterLab in headless Chromium (maintainers)"
 	@echo "make bench        throughput against raw commits and peer queues, two disk regimes"
 	@echo "make reliability  crash and power-loss sweeps (migrate and prune too), fuzzing, stress (SOAK=1: long)"
-	@echo "make explore      every schedule of a small scenario, per protocol (about 30 s)"
+	@echo "make explore      every schedule of a small scenario, per protocol (about 30 s; PRUNE=1: with a prune)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
