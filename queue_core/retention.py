@@ -62,9 +62,12 @@ _CHUNK = 500
 
 @dataclass(frozen=True, slots=True)
 class Pruned:
-    """What ``prune`` did: messages pruned, the journal rows their records replaced,
-    the messages kept whole because the audit would not accept their journal,
-    the transactions it took, and the bytes the file gave back (SQLite)."""
+    """What ``prune`` did, and what it kept.
+
+    Messages pruned, the journal rows their records replaced, the messages
+    kept whole because the audit would not accept their journal, the
+    transactions it took, and the bytes the file gave back (SQLite).
+    """
 
     older_than: int
     at: int
