@@ -16,7 +16,7 @@ from queue_core.lab.story import DEMO_JSONL, naive_cleanup, read_books
 E0001 = DEMO_JSONL.splitlines()[0]
 
 
-def processed(db: Path, jsonl: str) -> tuple[Queue, ModelClock]:
+def processed(db: Path | str, jsonl: str) -> tuple[Queue, ModelClock]:
     clock = ModelClock(1000)
     queue = Queue(db, clock=clock)
     queue.enqueue_jsonl(jsonl)
@@ -25,8 +25,8 @@ def processed(db: Path, jsonl: str) -> tuple[Queue, ModelClock]:
 
 
 def test_a_replay_after_the_naive_cleanup_is_new_and_the_books_show_20000_for_a_10000_order(
-        db_path: Path) -> None:
-    queue, clock = processed(db_path, E0001)
+        store: str) -> None:
+    queue, clock = processed(store, E0001)
     cleanup = naive_cleanup(queue)
     assert (cleanup.messages, cleanup.effects, cleanup.journal_rows, cleanup.rolled_cents) == (
         1, 1, 3, 10000)
@@ -40,27 +40,27 @@ def test_a_replay_after_the_naive_cleanup_is_new_and_the_books_show_20000_for_a_
     books = read_books(queue)
     assert (books.rolled, books.since, books.total) == ({"book": 10000}, {"book": 10000}, 20000)
     # The audit reads the queue, not the books: one order, one effect, nothing wrong.
-    snap = audit.snapshot(db_path)
+    snap = audit.snapshot(queue.path)
     assert audit.check(snap) == [] and snap.money == 10000
     assert snap.status.effects == 1 and snap.states() == {"E0001": "done"}
     assert [m.generation for m in snap.messages.values()] == [1]
 
 
 def test_the_naive_cleanup_of_the_reference_scenario_counts_every_replayed_order_again(
-        db_path: Path) -> None:
-    queue, clock = processed(db_path, DEMO_JSONL)  # E0004 (toy) dead, 17000 done
-    assert audit.snapshot(db_path).money == 17000
+        store: str) -> None:
+    queue, clock = processed(store, DEMO_JSONL)  # E0004 (toy) dead, 17000 done
+    assert audit.snapshot(queue.path).money == 17000
     cleanup = naive_cleanup(queue)
     assert (cleanup.messages, cleanup.effects, cleanup.journal_rows, cleanup.rolled_cents) == (
         3, 3, 9, 17000)
-    snap = audit.snapshot(db_path)
+    snap = audit.snapshot(queue.path)
     assert snap.states() == {"E0004": "dead"} and snap.money == 0 and audit.check(snap) == []
     replay = queue.enqueue_jsonl(DEMO_JSONL)
     assert (replay.inserted, replay.duplicates) == (3, 2)  # only E0004 (dead, kept) and the repeat
     drain(queue, Handler())
     books = read_books(queue)
     assert books.by_category() == {"book": 30000, "pen": 4000} and books.total == 34000
-    snap = audit.snapshot(db_path)
+    snap = audit.snapshot(queue.path)
     assert audit.check(snap) == [] and snap.money == 17000 and snap.status.effects == 3
     assert snap.status.states == {"ready": 0, "leased": 0, "done": 3, "dead": 1}
 

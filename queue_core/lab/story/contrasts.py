@@ -353,11 +353,13 @@ def naive_cleanup(queue: Queue) -> Cleanup:
                               f"messages m ON m.event_id = e.event_id WHERE m.state = 'done'"
                               ).fetchone()[0]
         conn.execute(_ROLL_UP)
-        journal = conn.execute(f"DELETE FROM transitions WHERE event_id IN {_DONE}").rowcount
-        conn.execute(f"DELETE FROM compacted WHERE event_id IN {_DONE}")
-        effects = conn.execute(f"DELETE FROM effects WHERE event_id IN {_DONE}").rowcount
-        messages = conn.execute("DELETE FROM messages WHERE state = 'done'").rowcount
-    return Cleanup(messages, effects, journal, int(rolled))
+        # counted before each DELETE: PostgreSQL's pipeline mode reports no row count
+        counts = [int(conn.execute(f"SELECT count(*) FROM {table} WHERE event_id IN {_DONE}"
+                                   ).fetchone()[0]) for table in ("messages", "effects",
+                                                                  "transitions")]
+        for table in ("transitions", "compacted", "effects", "messages"):
+            conn.execute(f"DELETE FROM {table} WHERE event_id IN {_DONE}")
+    return Cleanup(*counts, int(rolled))
 
 
 def read_books(queue: Queue) -> Books:
