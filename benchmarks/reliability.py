@@ -48,7 +48,8 @@ for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
 from queue_core.lab.story.contrasts import PROTOCOLS  # noqa: E402
 from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
 from queue_core.lab.servers.postgres_server import NoPostgres, private_postgres  # noqa: E402
-from queue_core.lab.lifetime import ENGINES, NoHistory, migration_frame, sweep_every_engine  # noqa: E402
+from queue_core.lab.lifetime import (ENGINES, NoHistory, migration_frame,  # noqa: E402
+                                     sweep_every_engine)
 from queue_core.lab.sweeps.powerloss import run_powerloss  # noqa: E402
 from queue_core.lab.sweeps.stress import run_stress  # noqa: E402
 from queue_core.lab.sweeps.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402

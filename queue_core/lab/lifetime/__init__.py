@@ -20,4 +20,5 @@ from .windows import WINDOWS, Window, windows_frame
 __all__ = ["ENGINES", "MIGRATION_POINTS", "PREVIOUS", "WINDOWS", "MigrationCase", "NoHistory",
            "Window", "earlier_cli", "export_engine", "kill_migration", "migration_frame",
            "plot_growth", "plot_migration_grid", "run_earlier", "run_migration_sweep",
-           "steady_load", "sweep_every_engine", "windows_frame", "worker_across_migration", "write_v1_file"]
+           "steady_load", "sweep_every_engine", "windows_frame", "worker_across_migration",
+           "write_v1_file"]
