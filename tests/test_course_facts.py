@@ -49,16 +49,7 @@ def test_every_fact_the_course_relies_on_holds_for_the_package(fact: Fact) -> No
     fact.check()
 
 
-# Notebook 06's list of what a broker adds still says "no migrations, no retention
-# policy" (cell 29), which notebook 13 contradicts. Strict: once that sentence is
-# corrected, this mark fails and must go.
-STILL_DENIED = {"notebooks/06_where_the_guarantee_ends.ipynb":
-                "06 still says there are no migrations and no retention policy"}
-DENIAL_CASES = [pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=STILL_DENIED[name]))
-                if name in STILL_DENIED else path for path, name in zip(DOCS, DOC_IDS)]
-
-
-@pytest.mark.parametrize("path", DENIAL_CASES, ids=DOC_IDS)
+@pytest.mark.parametrize("path", DOCS, ids=DOC_IDS)
 def test_no_passage_denies_what_the_package_has(path: Path) -> None:
     denied = {f'{passage.where}: "{passage.quote(match)}" -- but: {fact.says}': None
               for passage in passages(path) for fact in FACTS

@@ -272,13 +272,7 @@ def test_the_readme_lab_table_has_one_row_per_part_of_the_lab() -> None:
         LAB_PARTS
 
 
-# Notebook 00's course map does not list 13 yet; strict: the mark goes once it does.
-MAP_PENDING = {"13_deleting_history"}
-
-
-@pytest.mark.parametrize("chapter", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="00's course map lacks 13"))
-    if p.stem in MAP_PENDING else p for p in CHAPTERS[1:]], ids=[p.stem for p in CHAPTERS[1:]])
+@pytest.mark.parametrize("chapter", CHAPTERS[1:], ids=[p.stem for p in CHAPTERS[1:]])
 def test_notebook_00s_course_map_links_every_chapter(chapter: Path) -> None:
     course_map = [source(c) for c in load(NOTEBOOKS / "00_overview.ipynb")["cells"]
                   if source(c).startswith("## Course map")]
