@@ -10,23 +10,26 @@ the outcome of each, then the crash points again with the crash on a later
 message (the 2nd and 3rd arrival; up to the 5th in a soak); which broken protocols the sweep caught and where; the
 power-loss sweep (every WAL image a power cut can leave, per scenario, at
 the protocol's durability and with everything at synchronous=NORMAL:
-images checked, violations, acknowledged ACKs lost); how
+images checked, violations, acknowledged ACKs lost); a migration killed at
+every step, on a schema-1 file of each earlier engine; how
 many fuzzed batches were tried, by outcome, with the unhandled exceptions;
 how many stateful programs agreed with the model; and the stress run
 (worker processes x events, crashes, duplicates, losses, money). Exits 1 if
 any invariant fails: a protocol step that is not ok, a broken protocol the
 sweep does not catch, a power-loss image that breaks an invariant or, at the
 protocol's durability, loses an acknowledged commit (or, at NORMAL, one that
-loses no ACK at all: the sweep could not see a loss), an unhandled fuzz input, a model disagreement, or a
+loses no ACK at all: the sweep could not see a loss), a killed migration that
+leaves no whole version, a finding or other money, an unhandled fuzz input, a model disagreement, or a
 stress duplicate, loss or money difference.
 
-Between the power-loss sweep and the fuzzing, the queue's lifetime: a migration (of each schema-1 file in tests/files,
-written by an earlier engine) and a prune killed by a real process at each of
-their steps (``crashpoints.LIFETIME_POINTS``; the prune at each of its
-batches), and every frame prefix of their WAL a power cut can leave: each
-file left must be version 1 intact or version 2 complete, the prune's
-batches whole or absent, and go on to the uninterrupted run's end. Any other
-outcome fails the run.
+After the migration sweep, the queue's lifetime: a migration (of each
+schema-1 file in tests/files, written by an earlier engine) and a prune
+killed by a real process at each of their steps
+(``crashpoints.LIFETIME_POINTS``; the prune at each of its batches), and
+every frame prefix of their WAL a power cut can leave: each file left must
+be version 1 intact or version 2 complete, the prune's batches whole or
+absent, and go on to the uninterrupted run's end. Any other outcome fails
+the run.
 
 Last, the same crash sweep (every protocol) and the stress run (4 processes
 x 1000 events) on PostgreSQL: on ``QUEUE_CORE_PG_DSN`` if set, else on a
@@ -54,6 +57,8 @@ for path in (ROOT, ROOT / "tests"):  # the package and the fuzz/model strategies
 from queue_core.lab.story.contrasts import PROTOCOLS  # noqa: E402
 from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
 from queue_core.lab.servers.postgres_server import NoPostgres, private_postgres  # noqa: E402
+from queue_core.lab.lifetime import (ENGINES, NoHistory, migration_frame,  # noqa: E402
+                                     sweep_every_engine)
 from queue_core.lab.sweeps.powerloss import run_lifetime_powerloss, run_powerloss  # noqa: E402
 from queue_core.lab.sweeps.stress import run_stress  # noqa: E402
 from queue_core.lab.sweeps.sweep import (SCHEDULES, STEPS, SweepRow, run_lifetime_sweep,  # noqa: E402
@@ -204,6 +209,23 @@ def postgres_section(problems: list[str], stress: list[tuple[int, int, int]]) ->
         stress_section(stress, problems, dsn)
 
 
+def migration_section(problems: list[str]) -> None:
+    """A migration killed at every ``migrate.*`` point, on a schema-1 file of each
+    earlier engine (written by that engine, exported from git history)."""
+    try:
+        by_engine = sweep_every_engine()
+    except NoHistory as exc:
+        print(f"skipped: {exc}")
+        if os.environ.get("CI"):
+            problems.append(f"migration sweep: {exc}")
+        return
+    for commit, cases in by_engine.items():
+        print(f"schema-1 file of {commit} ({ENGINES[commit]}):")
+        print(migration_frame(cases).to_string())
+        problems += [f"migration killed at {case.point} ({commit}): not ok"
+                     for case in cases if not case.ok]
+
+
 def timed(title: str, section: Callable[[], None]) -> None:
     print(f"== {title}")
     start = time.perf_counter()
@@ -225,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
           lambda: sweep_section(problems, later_arrivals))
     timed("power-loss sweep (every WAL image a cut can leave)",
           lambda: powerloss_section(problems))
+    timed("migration sweep (a migration killed at every step)",
+          lambda: migration_section(problems))
     timed("lifetime: migrate and prune killed at every step, cut at every WAL frame",
           lambda: lifetime_section(problems))
     timed("fuzzed input", lambda: fuzz_section(fuzz, problems))

@@ -43,8 +43,10 @@ __all__ = ["Migration", "migrate"]
 
 @dataclass(frozen=True, slots=True)
 class Migration:
-    """What ``migrate`` did: the versions before and after, and the steps applied
-    (each ``(from_version, messages rewritten)``); none if it was current."""
+    """What ``migrate`` did: the versions before and after, and the steps applied.
+
+    Each step is ``(from_version, messages rewritten)``; none if it was current.
+    """
 
     target: str
     from_version: int
@@ -68,8 +70,10 @@ class Migration:
 
 
 def migrate(target: str | os.PathLike[str]) -> Migration:
-    """Upgrade the queue at ``target`` (a file, or a ``postgresql://`` string) to
-    ``SCHEMA_VERSION``, step by step; return what was done.
+    """Upgrade the queue at ``target`` to this version's schema, and say what was done.
+
+    ``target`` is a file or a ``postgresql://`` string; each step from its
+    version to ``SCHEMA_VERSION`` runs in one transaction.
 
     Refuses what ``Queue`` refuses (``no_queue_file``, ``not_a_queue``,
     ``schema_too_new``, ...) without writing a byte. On PostgreSQL a step

@@ -55,16 +55,21 @@ VACUUM_PAGES = 64           # pages given back per incremental-vacuum transactio
 _CANDIDATES = ("SELECT event_id FROM messages WHERE state = 'done' AND payload IS NOT NULL "
                "AND available_at <= ? AND finished_at <= ? ORDER BY available_at, event_id "
                "LIMIT ?")
+# The journal, oldest first, a page at a time: the walk stops as soon as it has
+# what it came for, and never holds the whole journal. Parameters: after, limit.
 _JOURNAL = ("SELECT seq, at, event_id, from_state, to_state, generation, attempts, reason "
-            "FROM transitions ORDER BY seq")
+            "FROM transitions WHERE seq > ? ORDER BY seq LIMIT ?")
 _CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
 class Pruned:
-    """What ``prune`` did: messages pruned, the journal rows their records replaced,
-    the messages kept whole because the audit would not accept their journal,
-    the transactions it took, and the bytes the file gave back (SQLite)."""
+    """What ``prune`` did, and what it kept.
+
+    Messages pruned, the journal rows their records replaced, the messages
+    kept whole because the audit would not accept their journal, the
+    transactions it took, and the bytes the file gave back (SQLite).
+    """
 
     older_than: int
     at: int
@@ -179,15 +184,18 @@ def _journal_of(conn: Any, ids: set[str]) -> dict[str, list[Transition]]:
     which stops once each has its ``done`` row (its last: done is final). The
     oldest done messages are pruned first, so their rows are near the head."""
     steps: dict[str, list[Transition]] = {}
-    waiting = set(ids)
-    for seq, at, event_id, src, dst, gen, att, why in conn.execute(_JOURNAL):
-        if event_id in ids:
-            steps.setdefault(event_id, []).append(Transition(
-                seq, at, event_id, State(src) if src else None, State(dst), gen, att, why))
-            if dst == State.DONE:
-                waiting.discard(event_id)
-                if not waiting:
-                    break
+    waiting, after = set(ids), 0
+    while waiting:
+        rows = conn.execute(_JOURNAL, (after, _CHUNK)).fetchall()
+        if not rows:
+            break  # a history without its done row: the audit's findings keep it whole
+        for seq, at, event_id, src, dst, gen, att, why in rows:
+            if event_id in ids:
+                steps.setdefault(event_id, []).append(Transition(
+                    seq, at, event_id, State(src) if src else None, State(dst), gen, att, why))
+                if dst == State.DONE:
+                    waiting.discard(event_id)
+        after = rows[-1][0]
     return steps
 
 

@@ -112,6 +112,30 @@ def real_time_varies_in_some_notebooks() -> None:
     assert (ROOT / "notebooks" / "08_throughput.ipynb").exists()  # and 08 times the disk
 
 
+def prune_keeps_every_key_so_a_late_replay_is_a_duplicate() -> None:
+    from queue_core import audit
+    with fresh_queue(ORDERS.splitlines()[0]) as (queue, clock):
+        drain(queue, Handler())
+        queue.enqueue_jsonl(ORDERS.splitlines()[1])  # the journal's newest row waits
+        clock.advance(3600)
+        assert queue.prune(60).messages == 1 and queue.message("E0001").payload is None
+        replay = queue.enqueue_jsonl(ORDERS.splitlines()[0])
+        assert (replay.inserted, replay.duplicates) == (0, 1)
+        assert audit.snapshot(queue.path).money == 100
+    from queue_core.cli import build_parser
+    assert build_parser().parse_args(["prune", "--older-than", "60"]).command == "prune"
+
+
+def migrate_upgrades_each_schema_version_in_its_own_transaction() -> None:
+    from queue_core import migrate
+    from queue_core.storage import SCHEMA_VERSION, SQLITE_STEPS
+    assert SCHEMA_VERSION >= 2 and sorted(SQLITE_STEPS) == list(range(1, SCHEMA_VERSION))
+    with fresh_queue() as (queue, _):
+        assert migrate(queue.path).steps == ()  # a current file: nothing to do
+    from queue_core.cli import build_parser
+    assert build_parser().parse_args(["migrate"]).command == "migrate"
+
+
 FACTS = (
     Fact("A worker that needs longer keeps its lease with a heartbeat, `Queue.extend`, "
          "fenced like an ACK.",
@@ -148,6 +172,17 @@ FACTS = (
           r"\b(a|every|each) re-?run prints the same (numbers|figures|outputs?)\b",
           r"\bevery (cell|output|number|figure) (is|stays) the same on every run\b"),
          real_time_varies_in_some_notebooks),
+    Fact("Old done messages are pruned with `Queue.prune` (`queue-core prune --older-than`), "
+         "which keeps every key, digest and effect: a late replay is still a duplicate "
+         "(notebook 13, exercise 8).",
+         (r"\bno retention( policy)?\b", r"\bno (automatic )?(pruning|clean-?up of (old|done))",
+          r"\bnothing is ever (deleted|pruned)", r"\bcannot be pruned\b"),
+         prune_keeps_every_key_so_a_late_replay_is_a_duplicate),
+    Fact("A file of an earlier schema version is upgraded with `migrate` (`queue-core migrate`), "
+         "one transaction per version (notebook 13).",
+         (r"\bno migrations?\b", r"\bno (schema )?upgrade path\b",
+          r"\bcannot (open|read) (a|the) (file|queue) of (the|an) (earlier|previous) release"),
+         migrate_upgrades_each_schema_version_in_its_own_transaction),
 )
 
 

@@ -28,7 +28,8 @@ from course_text import BUILTINS, Passage, code_tree, passages
 
 # Where a chapter imports the lab from: each part's __init__ names what it offers.
 LAB_PARTS = tuple(f"queue_core.lab.{part}" for part in
-                  ("story", "plots", "sweeps", "speed", "broker", "servers", "exercises"))
+                  ("story", "plots", "sweeps", "speed", "broker", "servers", "lifetime",
+                   "exercises"))
 CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\(")
 
 

@@ -248,3 +248,32 @@ def test_the_classic_html_export_gives_every_figure_its_alt_text(path: Path) -> 
 def test_a_folded_answer_is_followed_by_space_before_the_next_question(path: Path) -> None:
     text = markdown_of(path)
     assert re.findall(r"</details>\n\n?(?:\*\*|<details>)", text) == []
+
+
+# -- every chapter is listed where a learner looks for it ----------------------------------
+
+CHAPTERS = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+LAB_PARTS = sorted(init.parent.name for init in (ROOT / "queue_core" / "lab").glob("*/__init__.py"))
+
+
+def readme_table(heading: str) -> list[str]:
+    """The first cell of each row of the README table that follows ``heading``."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split(heading, 1)[1]
+    rows = text.split("\n|---", 1)[1].split("\n\n", 1)[0].splitlines()[1:]  # after |---|
+    return [row.split("|")[1].strip().strip("`") for row in rows if row.startswith("|")]
+
+
+def test_the_readme_course_table_has_one_row_per_chapter_in_order() -> None:
+    assert readme_table("## The course\n") == [p.stem for p in CHAPTERS]
+
+
+def test_the_readme_lab_table_has_one_row_per_part_of_the_lab() -> None:
+    assert sorted(row.rstrip("/") for row in readme_table("### The lab at a glance\n")) == \
+        LAB_PARTS
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS[1:], ids=[p.stem for p in CHAPTERS[1:]])
+def test_notebook_00s_course_map_links_every_chapter(chapter: Path) -> None:
+    course_map = [source(c) for c in load(NOTEBOOKS / "00_overview.ipynb")["cells"]
+                  if source(c).startswith("## Course map")]
+    assert len(course_map) == 1 and f"]({chapter.name})" in course_map[0]

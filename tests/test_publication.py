@@ -10,7 +10,6 @@ import subprocess
 import pytest
 
 from conftest import ROOT
-from previous_engine import ENGINES
 
 # Patterns over repository paths: ``*`` stays inside one folder, ``**/`` spans folders
 # (but not hidden ones such as .ipynb_checkpoints/).
@@ -18,19 +17,15 @@ ALLOWED = (
     "README.md", "EXERCISES.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore",
     ".ci/*",
     "queue_core/*.py", "queue_core/lab/*.py", "queue_core/lab/*/*.py", "queue_core/py.typed",
-    "tests/*.py",
-    # the queue files earlier engines wrote (test_migrations), and the script that
-    # writes them again from git history (tests/files/make_files.py)
-    "tests/files/*.py", "tests/files/schema1-*.sqlite3",
+    "tests/*.py", "tests/files/*.py",
     "notebooks/**/*.ipynb", "notebooks/*.cfg",
     "data/*.jsonl",
     "benchmarks/*.py", "benchmarks/*.c",
 )
+# The queue files earlier engines wrote, each named with its engine's commit, which the
+# migration tests open (tests/files/make_files.py writes them again): the only databases.
+FIXTURES = re.compile(r"tests/files/schema[0-9]+-[0-9a-f]{7,40}\.sqlite3\Z")
 MAX_BYTES = 2 * 1024 * 1024
-# The only databases tracked: each named with the commit of the engine that wrote it
-# (one of previous_engine.ENGINES), small, and written again by make_files.py.
-ENGINE_FILE = re.compile(r"tests/files/schema1-[0-9a-f]{7}\.sqlite3\Z")
-ENGINE_FILE_MAX_BYTES = 64 * 1024
 BINARY_SUFFIXES = (".sqlite3", ".sqlite", ".db", ".pyc", ".pyo", ".so", ".whl", ".zip",
                    ".tar", ".gz", ".egg", ".pkl", ".npy", ".parquet", ".png", ".jpg")
 
@@ -60,7 +55,7 @@ _ALLOWED = [_glob_regex(pattern) for pattern in ALLOWED]
 
 
 def allowed(path: str) -> bool:
-    return any(regex.match(path) for regex in _ALLOWED)
+    return any(regex.match(path) for regex in _ALLOWED) or FIXTURES.match(path) is not None
 
 
 def secrets_in(text: str) -> list[str]:
@@ -106,9 +101,7 @@ def test_no_database_binary_or_large_file_is_tracked() -> None:
         if not path.is_file():
             continue
         data = path.read_bytes()
-        if ENGINE_FILE.match(name) and name[len("tests/files/schema1-"):][:7] in ENGINES:
-            if len(data) > ENGINE_FILE_MAX_BYTES:
-                junk.append(name)
+        if FIXTURES.match(name) and len(data) <= 64 * 1024:
             continue
         if name.endswith(BINARY_SUFFIXES) or len(data) > MAX_BYTES or b"\0" in data:
             junk.append(name)
@@ -164,8 +157,8 @@ def test_the_secret_detector_leaves_ordinary_code_alone(text: str) -> None:
     ("queue_core/sub/module.py", False), ("notebooks/.ipynb_checkpoints/x.ipynb", False),
     (".env", False), ("data/secret.json", False), ("notes.md", False),
     ("queue_core.egg-info/PKG-INFO", False),
-    ("tests/files/make_files.py", True), ("tests/files/schema1-265c64c.sqlite3", True),
-    ("tests/files/queue.sqlite3", False), ("tests/queue.sqlite3", False),
+    ("tests/files/schema1-265c64c.sqlite3", True), ("tests/files/queue.sqlite3", False),
+    ("tests/files/make_files.py", True),
 ], ids=lambda value: str(value))
 def test_the_allowlist_admits_exactly_the_intended_paths(path: str, expected: bool) -> None:
     assert allowed(path) is expected

@@ -16,10 +16,13 @@ it is protocol. It is grouped the way the course is read, and each part's
 - ``broker``: Redis Streams beside the queue, its consumers and their
   stories (12, exercise 7);
 - ``servers``: private PostgreSQL and Redis servers (10, 12, the tests);
+- ``lifetime``: the brokers' dedupe windows, a file's size over a steady
+  load with and without prune, a migration killed at every step, the
+  engine of an earlier release from git history (13, ``make reliability``);
 - ``exercises``: ``start_N`` and ``check_N`` (09).
 
 Layers: ``plots`` and ``servers`` use only the engine; ``story`` uses the
-engine; ``sweeps``, ``speed`` and ``broker`` use those below them; the
+engine; ``sweeps``, ``speed``, ``broker`` and ``lifetime`` use those below them; the
 exercises use any of them. Importing a part imports neither pandas,
 matplotlib, psycopg nor redis: a plot loads the first two when it is drawn,
 ``DatabaseClock`` the third when it is first named, a broker the fourth

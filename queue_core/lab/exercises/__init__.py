@@ -52,3 +52,8 @@ __all__ = [
 from .inbox import TakeoverRun, check_7, run_takeover_7, start_7  # noqa: E402
 
 __all__ += ["TakeoverRun", "check_7", "run_takeover_7", "start_7"]
+
+# Exercise 8 (retention: prune, and a replay that is still a duplicate).
+from .retention import check_8, start_8  # noqa: E402
+
+__all__ += ["check_8", "start_8"]

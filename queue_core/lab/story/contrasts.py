@@ -18,6 +18,12 @@ public hooks the engine offers for it (``complete``, ``fail``, ``fence``,
                          not the lease's generation: a worker whose lease
                          expired can finish (or fail) a message that has
                          since been handed to another worker.
+``naive_cleanup``        no protocol of its own (the real one finishes every
+                         message), but a shop's cleanup of old history: it
+                         rolls the done events' effects into ``books``, then
+                         deletes their message, effect and journal rows. A
+                         replay of a deleted event is new to the queue, and
+                         its money is counted again (notebook 13).
 
 All of them run on both stores, a SQLite file or a PostgreSQL schema
 (``create_ledger`` speaks each one's SQL), so the crash sweep can show the
@@ -45,6 +51,7 @@ from ...crashpoints import BETWEEN_TRANSACTIONS, POINTS, PROTOCOL_POINTS, crash_
 from ...errors import IntegrityViolation, LeaseLost, QueueError
 from ...handler import Handler
 from ...queue import Queue, backoff_seconds, write_journal
+from ...storage import has_table
 from ...values import Effect, Lease, Outcome, State
 
 LEDGER_SCHEMA = f"""
@@ -273,3 +280,98 @@ def protocol(name: str) -> Protocol:
         return PROTOCOLS[name]
     except KeyError:
         raise ValueError(f"unknown protocol {name!r}; known: {', '.join(PROTOCOLS)}") from None
+
+
+# -- a cleanup that forgets the keys (doubles money on a late replay) ---------------
+
+# The shop's ledger: one running total per category, kept in the queue's own file
+# beside the queue's tables. Once a cleanup has run, the money is in two places:
+# ``books`` holds what was rolled up, ``effects`` what was done since.
+BOOKS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS books (
+    category     TEXT PRIMARY KEY,
+    amount_cents INTEGER NOT NULL,
+    events       INTEGER NOT NULL
+) STRICT
+"""
+PG_BOOKS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS books (
+    category     text PRIMARY KEY,
+    amount_cents bigint NOT NULL,
+    events       bigint NOT NULL
+)
+"""
+_ROLL_UP = ("INSERT INTO books (category, amount_cents, events) "
+            "SELECT e.category, SUM(e.amount_cents), COUNT(*) FROM effects e "
+            "JOIN messages m ON m.event_id = e.event_id WHERE m.state = 'done' "
+            "GROUP BY e.category ON CONFLICT (category) DO UPDATE SET "
+            "amount_cents = books.amount_cents + excluded.amount_cents, "
+            "events = books.events + excluded.events")
+_DONE = "(SELECT event_id FROM messages WHERE state = 'done')"
+
+
+@dataclass(frozen=True, slots=True)
+class Cleanup:
+    """What ``naive_cleanup`` deleted: done messages, their effect and journal rows
+    (and compacted records), and the money it rolled into ``books``."""
+
+    messages: int
+    effects: int
+    journal_rows: int
+    rolled_cents: int
+
+    def __str__(self) -> str:
+        return (f"naive cleanup: {self.rolled_cents} rolled into the books; deleted "
+                f"{self.messages} done messages, {self.effects} effect rows, "
+                f"{self.journal_rows} journal rows")
+
+
+@dataclass(frozen=True, slots=True)
+class Books:
+    """The shop's money after a cleanup: what ``books`` rolled up, plus what ``effects``
+    hold since (the queue's own total, the only one its audit sees)."""
+
+    rolled: dict[str, int]
+    since: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.rolled.values()) + sum(self.since.values())
+
+    def by_category(self) -> dict[str, int]:
+        return {category: self.rolled.get(category, 0) + self.since.get(category, 0)
+                for category in sorted({*self.rolled, *self.since})}
+
+
+def naive_cleanup(queue: Queue) -> Cleanup:
+    """BROKEN: roll every done event's effect into ``books``, then delete the event's
+    rows (journal, effect, message: the foreign keys forbid any other order).
+    The money is kept; the keys are not, so a replay of a deleted event is new."""
+    with queue.transaction() as conn:
+        conn.execute(PG_BOOKS_SCHEMA if queue.store.name == "postgres" else BOOKS_SCHEMA)
+        rolled = conn.execute("SELECT COALESCE(SUM(e.amount_cents), 0) FROM effects e JOIN "
+                              f"messages m ON m.event_id = e.event_id WHERE m.state = 'done'"
+                              ).fetchone()[0]
+        conn.execute(_ROLL_UP)
+        # counted before each DELETE: PostgreSQL's pipeline mode reports no row count
+        counts = [int(conn.execute(f"SELECT count(*) FROM {table} WHERE event_id IN {_DONE}"
+                                   ).fetchone()[0]) for table in ("messages", "effects",
+                                                                  "transitions")]
+        for table in ("transitions", "compacted", "effects", "messages"):
+            conn.execute(f"DELETE FROM {table} WHERE event_id IN {_DONE}")
+    return Cleanup(*counts, int(rolled))
+
+
+def read_books(queue: Queue) -> Books:
+    """The shop's money: ``books`` (empty before a first cleanup) and ``effects``."""
+    def read(conn: Any) -> Books:
+        rolled: dict[str, int] = {}
+        if has_table(conn, "books"):
+            rolled = {c: int(a) for c, a in conn.execute(
+                "SELECT category, amount_cents FROM books ORDER BY category")}
+        since: dict[str, int] = {}
+        for category, amount in conn.execute(
+                "SELECT category, amount_cents FROM effects ORDER BY event_id"):
+            since[category] = since.get(category, 0) + int(amount)
+        return Books(rolled, since)
+    return queue._read(read)
