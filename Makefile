@@ -21,8 +21,8 @@ help:
 	@echo "make notebooks    re-execute every notebook in place (maintainers)"
 	@echo "make labcheck     Run All and every link, in JupyterLab in headless Chromium (maintainers)"
 	@echo "make bench        throughput against raw commits and peer queues, two disk regimes"
-	@echo "make reliability  crash sweep, fuzzing and stress figures (SOAK=1 for a long run)"
-	@echo "make explore      every schedule of a small scenario, per protocol (about 30 s)"
+	@echo "make reliability  crash and power-loss sweeps (migrate and prune too), fuzzing, stress (SOAK=1: long)"
+	@echo "make explore      every schedule of a small scenario, per protocol (about 30 s; PRUNE=1: with a prune)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -109,8 +109,9 @@ bench: $(STAMP)
 reliability: $(STAMP)
 	$(PY) benchmarks/reliability.py
 
+# PRUNE=1: the retention scenario instead (a prune, a late duplicate enqueue, a stale ACK)
 explore: $(STAMP)
-	$(PY) benchmarks/explore.py
+	$(PY) benchmarks/explore.py $(if $(filter 1,$(PRUNE)),--prune)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build

@@ -3,6 +3,8 @@
     python benchmarks/explore.py            # make explore: about half a minute
     python benchmarks/explore.py --small    # the notebook's smaller scenario
     python benchmarks/explore.py --tree     # also run it without merging states (slow)
+    python benchmarks/explore.py --prune    # retention: a prune beside a late duplicate
+                                            # enqueue and a stale ACK (make explore PRUNE=1)
 
 Prints, per protocol: the schedules covered, the distinct states and steps
 run, the time, and "no violation" or the shortest schedule that breaks it as
@@ -21,15 +23,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from queue_core.lab.story.contrasts import PROTOCOLS  # noqa: E402
-from queue_core.lab.sweeps.explore import DEFAULT, SMALL, explore, replay  # noqa: E402
+from queue_core.lab.sweeps.explore import DEFAULT, PRUNE, SMALL, explore, replay  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="the notebook's scenario")
     parser.add_argument("--tree", action="store_true", help="also explore without merging")
+    parser.add_argument("--prune", action="store_true",
+                        help="the retention scenario: a prune, a late duplicate, a stale ACK")
     args = parser.parse_args(argv)
-    scenario = SMALL if args.small else DEFAULT
+    if args.small and args.prune:
+        parser.error("--small and --prune name two scenarios: choose one")
+    scenario = SMALL if args.small else PRUNE if args.prune else DEFAULT
     print(f"scenario: {scenario}\n")
     problems = []
     for name, proto in PROTOCOLS.items():

@@ -22,6 +22,15 @@ loses no ACK at all: the sweep could not see a loss), a killed migration that
 leaves no whole version, a finding or other money, an unhandled fuzz input, a model disagreement, or a
 stress duplicate, loss or money difference.
 
+After the migration sweep, the queue's lifetime: a migration (of each
+schema-1 file in tests/files, written by an earlier engine) and a prune
+killed by a real process at each of their steps
+(``crashpoints.LIFETIME_POINTS``; the prune at each of its batches), and
+every frame prefix of their WAL a power cut can leave: each file left must
+be version 1 intact or version 2 complete, the prune's batches whole or
+absent, and go on to the uninterrupted run's end. Any other outcome fails
+the run.
+
 Last, the same crash sweep (every protocol) and the stress run (4 processes
 x 1000 events) on PostgreSQL: on ``QUEUE_CORE_PG_DSN`` if set, else on a
 private server (``queue_core.lab.private_postgres``) stopped at the end
@@ -50,11 +59,14 @@ from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
 from queue_core.lab.servers.postgres_server import NoPostgres, private_postgres  # noqa: E402
 from queue_core.lab.lifetime import (ENGINES, NoHistory, migration_frame,  # noqa: E402
                                      sweep_every_engine)
-from queue_core.lab.sweeps.powerloss import run_powerloss  # noqa: E402
+from queue_core.lab.sweeps.powerloss import run_lifetime_powerloss, run_powerloss  # noqa: E402
 from queue_core.lab.sweeps.stress import run_stress  # noqa: E402
-from queue_core.lab.sweeps.sweep import SCHEDULES, STEPS, SweepRow, run_sweep, sweep_frame  # noqa: E402
+from queue_core.lab.sweeps.sweep import (SCHEDULES, STEPS, SweepRow, run_lifetime_sweep,  # noqa: E402
+                                         run_sweep, sweep_frame)
 
 CRASH_STEPS = tuple(step for step in STEPS if step not in SCHEDULES)
+# Schema-1 files the earlier engines wrote (tests/files/make_files.py writes them again).
+SCHEMA1_FILES = sorted((ROOT / "tests" / "files").glob("schema1-*.sqlite3"))
 
 
 def sweep_section(problems: list[str], later_arrivals: int, db: str | None = None) -> None:
@@ -112,6 +124,31 @@ def powerloss_section(problems: list[str]) -> None:
         problems.append("power loss: no lost acknowledged ACK at NORMAL; the sweep sees no loss")
     print(f"in all: {len(report.rows)} (cut, image) pairs checked, {len(report.violations)} "
           f"violations, {len(report.lost_acks)} that lose an acknowledged ACK, all at NORMAL")
+
+
+def lifetime_section(problems: list[str]) -> None:
+    """migrate and prune: killed at every step, and cut at every frame of their log."""
+    if not SCHEMA1_FILES:
+        problems.append("lifetime: no schema-1 file in tests/files (make_files.py writes them)")
+        return
+    rows = run_lifetime_sweep(SCHEMA1_FILES)
+    for run in dict.fromkeys(row.run for row in rows):
+        mine = [row for row in rows if row.run == run and row.outcome != "n/a"]
+        counts = Counter(row.outcome for row in mine)
+        print(f"crash, {run}: {len(mine)} cases ({len({row.step for row in mine})} points"
+              + (f", arrivals 1-{max(row.arrival for row in mine)}" if run == "prune" else "")
+              + "); " + ", ".join(f"{n} {o}" for o, n in counts.most_common()))
+    problems.extend(f"lifetime crash, {row.run} at {row.step} (arrival {row.arrival}): "
+                    f"{row.outcome}: {row.detail}" for row in rows if row.failed)
+    report = run_lifetime_powerloss(SCHEMA1_FILES)
+    for run, frames in report.frames.items():
+        mine = [image for image in report.images if image.run == run]
+        counts = Counter(image.outcome for image in mine)
+        print(f"power loss, {run}: {frames} WAL frames in {report.commits[run]} commits; "
+              f"{len(mine)} frame prefixes recovered; "
+              + ", ".join(f"{n} {o}" for o, n in counts.most_common()))
+    problems.extend(f"lifetime power loss, {image.run}, {image.frames} frames: "
+                    f"{image.outcome}: {image.detail}" for image in report.violations)
 
 
 def fuzz_section(examples: int, problems: list[str]) -> None:
@@ -212,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
           lambda: powerloss_section(problems))
     timed("migration sweep (a migration killed at every step)",
           lambda: migration_section(problems))
+    timed("lifetime: migrate and prune killed at every step, cut at every WAL frame",
+          lambda: lifetime_section(problems))
     timed("fuzzed input", lambda: fuzz_section(fuzz, problems))
     timed("stateful model", lambda: model_section(programs, problems))
     timed("stress", lambda: stress_section(stress, problems))

@@ -247,3 +247,60 @@ def test_a_crash_after_a_caught_step_is_marked_apart_from_it(small_runs) -> None
 
     assert [(m.label, m.caught) for m in again.marks] == [
         ("W2 marks done (g2); audit: done_without_effect", True), ("W2 crashes", False)]
+
+
+# -- retention: a prune interleaved with a late duplicate enqueue and a stale ACK -----------
+
+from queue_core.lab.sweeps.schedule import PRUNE  # noqa: E402
+
+# W1 stalls past its lease on E0001; W2 finishes it, then E0002 (whose steps are the
+# journal's last, so a prune may take E0001); the cleaner prunes E0001; the
+# producer enqueues both events again; W1 wakes and ACKs its stale lease.
+PRUNE_THEN_STALE = [Step("producer", "enqueue"), Step("W1", "claims"),
+                    Step("clock", "jump", 1002), Step("W2", "claims"), Step("W2", "ACKs"),
+                    Step("W2", "claims"), Step("W2", "ACKs"), Step("cleaner", "prune"),
+                    Step("producer", "enqueue again"), Step("W1", "ACKs")]
+
+
+@pytest.fixture(scope="module")
+def prune_runs() -> dict[str, object]:
+    return {name: explore(name, PRUNE) for name in PROTOCOLS}
+
+
+def test_the_protocol_survives_every_schedule_of_a_prune_a_late_duplicate_and_a_stale_ack(
+        prune_runs) -> None:
+    run = prune_runs["protocol"]
+    assert run.violations == [] and run.shortest is None
+    assert (run.states, run.schedules) == (863, 1_851_000)
+    assert str(PRUNE) == ("2 workers x 2 events (none failing once), 0 crashes, 2 clock jumps, "
+                          "0 redrives, lease 2 s, 1 prune, 1 late duplicate enqueue")
+    # the broken protocols are still caught, the prune step changing none of that
+    assert all(prune_runs[name].shortest is not None for name in BROKEN)
+
+
+def test_the_scenario_reaches_a_stale_ack_of_a_pruned_message_after_its_late_duplicate(
+        tmp_path: Path) -> None:
+    with _runner(PROTOCOLS["protocol"], PRUNE, tmp_path) as runner:
+        world, snap = runner.start(), audit.snapshot(runner.path)
+        for step in PRUNE_THEN_STALE:  # each step is one the explorer offers there
+            assert step in runner.enabled(world, snap), step
+            world, _, _ = runner.apply(world, step)
+            snap = audit.snapshot(runner.path)
+            assert audit.check(snap) == []
+    again = replay("protocol", PRUNE, PRUNE_THEN_STALE)
+    assert again.said[-3:] == (
+        "the cleaner prunes 1 done message",
+        "the producer enqueues the events again (a late duplicate): 0 new, 2 duplicates",
+        "W1 ACKs E0001 (g1): rejected, stale_generation")
+    assert again.money == 12000 and again.findings[-1] == ()
+
+
+def test_a_prune_step_is_offered_only_in_the_scenario_that_asks_for_one(tmp_path: Path) -> None:
+    for scenario in (DEFAULT, SMALL):
+        assert (scenario.prunes, scenario.duplicates) == (0, 0)
+    with _runner(PROTOCOLS["protocol"], DEFAULT, tmp_path) as runner:
+        world = runner.start()
+        for step in PRUNE_THEN_STALE[:7]:
+            world, _, _ = runner.apply(world, step)
+        offered = runner.enabled(world, audit.snapshot(runner.path))
+        assert offered and all(s.what not in ("prune", "enqueue again") for s in offered)

@@ -4,22 +4,26 @@ A worker killed at every crash point, per protocol (``sweep``); many
 workers killed at random while they drain (``stress``); every prefix of the
 WAL a power cut can leave (``powerloss``, which reads frames with ``wal``);
 every schedule of a small scenario, model-checked on the real engine
-(``explore``, its steps in ``schedule``). Each run is judged by the audit.
+(``explore``, its steps in ``schedule``); a migration and a prune killed at
+each of their steps and cut at every frame of their log
+(``run_lifetime_sweep``, ``run_lifetime_powerloss``, judged by ``lifetime``). Each run is judged by the audit.
 
     from queue_core.lab.sweeps import plot_sweep, run_sweep, sweep_frame
 """
 
 from .explore import Exploration, explore, plot_state_space, replay
-from .powerloss import PowerLossReport, plot_powerloss, powerloss_frame, run_powerloss
+from .powerloss import (LifetimePowerLoss, PowerLossReport, plot_powerloss, powerloss_frame,
+                        run_lifetime_powerloss, run_powerloss)
 from .schedule import DEFAULT, FINISH, HANDOFF, SMALL, Scenario, Step
 from .stress import MAX_CRASH_AFTER, StressReport, run_stress
 from .sweep import (ACCEPT, BATCH, EXPECTED_DEAD, EXPECTED_DONE, EXPECTED_TOTAL, FAULTS,
-                    SCHEDULES, STEPS, SweepRow, audit, current_handler, plot_sweep, run_sweep,
-                    run_to_completion, sweep_frame)
+                    SCHEDULES, STEPS, LifetimeRow, SweepRow, audit, current_handler, plot_sweep,
+                    run_lifetime_sweep, run_sweep, run_to_completion, sweep_frame)
 
 __all__ = ["ACCEPT", "BATCH", "DEFAULT", "EXPECTED_DEAD", "EXPECTED_DONE", "EXPECTED_TOTAL",
            "FAULTS", "FINISH", "HANDOFF", "MAX_CRASH_AFTER", "SCHEDULES", "SMALL", "STEPS",
-           "Exploration", "PowerLossReport", "Scenario", "Step", "StressReport", "SweepRow",
-           "audit", "current_handler", "explore", "plot_powerloss", "plot_state_space",
-           "plot_sweep", "powerloss_frame", "replay", "run_powerloss", "run_stress", "run_sweep",
-           "run_to_completion", "sweep_frame"]
+           "Exploration", "LifetimePowerLoss", "LifetimeRow", "PowerLossReport", "Scenario",
+           "Step", "StressReport", "SweepRow", "audit", "current_handler", "explore",
+           "plot_powerloss", "plot_state_space", "plot_sweep", "powerloss_frame", "replay",
+           "run_lifetime_powerloss", "run_lifetime_sweep", "run_powerloss", "run_stress",
+           "run_sweep", "run_to_completion", "sweep_frame"]

@@ -51,9 +51,10 @@ from ... import audit
 from ...values import Lease, State
 from ..story.contrasts import PROTOCOLS, Protocol
 from ..plots.timeline import FIG_WIDTH, Mark
-from .schedule import DEFAULT, FINISH, IDLE, SMALL, SPLIT, Runner, Scenario, Step, World, held
+from .schedule import (DEFAULT, FINISH, IDLE, PRUNE, SMALL, SPLIT, Runner, Scenario, Step, World,
+                       held)
 
-__all__ = ["DEFAULT", "FINISH", "IDLE", "SMALL", "SPLIT", "Exploration", "Runner", "Scenario",
+__all__ = ["DEFAULT", "FINISH", "IDLE", "PRUNE", "SMALL", "SPLIT", "Exploration", "Runner", "Scenario",
            "Step", "Violation", "World", "broken_promise", "explore", "explore_all", "held",
            "plot_state_space", "replay", "state_key"]
 

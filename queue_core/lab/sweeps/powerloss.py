@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 from ... import audit
 from ...clock import ModelClock
 from ...handler import Handler
+from ...migrations import migrate
 from ...queue import Queue
 from ...storage import connect
 from ...values import State, Transition
@@ -455,3 +456,95 @@ def plot_powerloss(report: PowerLossReport,
               loc="upper left", bbox_to_anchor=(1.01, 1.0), title="worst outcome of any cut\nthat leaves this image", frameon=False)
     fig.tight_layout()
     return fig
+
+
+# -- the queue's lifetime: every frame prefix of a migration's and a prune's log ------------
+
+@dataclass(frozen=True)
+class LifetimeImage:
+    """One image a power cut during a migration or a prune can leave: the run,
+    the WAL frames the image keeps (``frames``) and the whole commits among
+    them, and what ``lifetime.judge_migrate`` or ``judge_prune`` found."""
+
+    run: str
+    frames: int
+    commits: int
+    outcome: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class LifetimePowerLoss:
+    """Every frame prefix of each run's log, judged; the frames and commits of each run."""
+
+    images: tuple[LifetimeImage, ...]
+    frames: dict[str, int]
+    commits: dict[str, int]
+
+    @property
+    def violations(self) -> list[LifetimeImage]:
+        return [image for image in self.images if image.outcome != "ok"]
+
+
+def run_lifetime_powerloss(schema1_files: Sequence[str | os.PathLike[str]], *,
+                           workdir: str | os.PathLike[str] | None = None) -> LifetimePowerLoss:
+    """Migrate a copy of each schema-1 file, and prune the prune run's file, with
+    the log kept whole; then recover the database file with every prefix of
+    that log, frame by frame (a cut inside a transaction leaves any number of
+    its frames; recovery keeps whole commits only), and judge each image
+    (``queue_core.lab.sweeps.lifetime``): version 1 intact or version 2
+    complete; prune's batches whole or absent."""
+    from . import lifetime
+
+    images: list[LifetimeImage] = []
+    frames: dict[str, int] = {}
+    commits: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="powerloss-lifetime-", dir=workdir) as tmp:
+        folder = Path(tmp)
+        runs = [(f"migrate {Path(source).stem}", lifetime.migrate_end(source, folder),
+                 lambda db, source=source: lifetime.schema1_source(source, db),
+                 lambda db: migrate(db), lifetime.judge_migrate)
+                for source in schema1_files]
+        runs.append(("prune", lifetime.prune_end(folder), lifetime.prune_source,
+                     lifetime.run_prune, lifetime.judge_prune))
+        for name, ref, make, act, judge in runs:
+            db = make(folder / f"{name.replace(' ', '_')}.sqlite3")
+            base, wal, page_size, log = _record_frames(db, lambda: act(db))
+            whole = audit.snapshot(db)
+            frames[name], commits[name] = len(log), sum(f.is_commit for f in log)
+            for kept in range(len(log) + 1):
+                image = folder / f"{name.replace(' ', '_')}-{kept}.sqlite3"
+                image.write_bytes(base)
+                Path(f"{image}-wal").write_bytes(wal[:wal_length(page_size, kept)])
+                if kept == len(log) and audit.snapshot(image) != whole:
+                    raise RuntimeError(f"{name}: the file and its whole log are not the run")
+                outcome, detail = judge(image, ref)
+                images.append(LifetimeImage(name, kept, sum(f.is_commit for f in log[:kept]),
+                                            outcome, detail))
+                for leftover in (image, Path(f"{image}-wal"), Path(f"{image}-shm")):
+                    leftover.unlink(missing_ok=True)
+    return LifetimePowerLoss(tuple(images), frames, commits)
+
+
+def _record_frames(db: Path, act: Callable[[], None]) -> tuple[bytes, bytes, int, list[Frame]]:
+    """Run ``act`` on ``db`` (whose connections are all closed: no ``-wal``) with
+    its whole log kept: a reader holds a snapshot from before it throughout,
+    so no checkpoint can copy a frame into the file or start the log again.
+    Returns the file before, the log after, its page size and its frames."""
+    wal = Path(f"{db}-wal")
+    if wal.exists() and wal.stat().st_size:
+        raise RuntimeError(f"{wal} holds frames: the file alone is not the state")
+    base = db.read_bytes()
+    keeper = connect(db)
+    try:
+        keeper.execute("BEGIN")
+        keeper.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the snapshot
+        act()
+        log = wal.read_bytes()
+        page_size, frames = read_wal(wal)
+        keeper.execute("COMMIT")
+    finally:
+        keeper.close()
+    if len(log) != wal_length(page_size, len(frames)):
+        raise RuntimeError("the log was started again: the recording is not one log")
+    return base, log, page_size, frames

@@ -45,7 +45,10 @@ class Scenario:
     ``crashes``, ``jumps`` and ``redrives`` bound the crashes, clock jumps and
     operator redrives one schedule may contain. ``fused`` lets the protocol's
     workers also take the worker loop's step (ACK and claim the next in one
-    transaction); without it they ACK, then claim, in two.
+    transaction); without it they ACK, then claim, in two. ``prunes`` bounds
+    the cleaner's prunes (``Queue.prune(0)``: every done message so far) and
+    ``duplicates`` the producer's late enqueues of the same events again;
+    both are 0 unless a scenario asks for them (``PRUNE``).
     """
 
     events: tuple[tuple[str, str, int], ...]
@@ -58,6 +61,8 @@ class Scenario:
     max_attempts: int = 3
     start: int = START
     fused: bool = True
+    prunes: int = 0
+    duplicates: int = 0
 
     def jsonl(self) -> str:
         return "".join(f'{{"event_id": "{e}", "payload": {{"category": "{c}", '
@@ -71,7 +76,10 @@ class Scenario:
                 f"({', '.join(self.transient) or 'none'} failing once), "
                 f"{_count(self.crashes, 'crash')}, {_count(self.jumps, 'clock jump')}, "
                 f"{_count(self.redrives, 'redrive')}, lease {self.lease_seconds} s"
-                + ("" if self.fused else ", ACK and claim in two transactions"))
+                + ("" if self.fused else ", ACK and claim in two transactions")
+                + (f", {_count(self.prunes, 'prune')}" if self.prunes else "")
+                + (f", {_count(self.duplicates, 'late duplicate enqueue')}"
+                   if self.duplicates else ""))
 
 
 def _count(n: int, noun: str) -> str:
@@ -81,6 +89,11 @@ def _count(n: int, noun: str) -> str:
 DEFAULT = Scenario(events=(("E0001", "book", 10000), ("E0002", "pen", 2000)),
                    transient=("E0002",))
 SMALL = Scenario(events=(("E0001", "book", 10000),), transient=("E0001",), jumps=2)
+# Retention model-checked: a prune interleaved with a late duplicate enqueue of the
+# same events and with a stale ACK (a worker stalled past its lease while another
+# finished the message, which may then be pruned before the stale one wakes up).
+PRUNE = Scenario(events=(("E0001", "book", 10000), ("E0002", "pen", 2000)),
+                 crashes=0, jumps=2, redrives=0, prunes=1, duplicates=1)
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,10 @@ class Step:
             return f"the operator redrives {self.arg}"
         if self.what == "enqueue":
             return "the producer enqueues the events"
+        if self.what == "enqueue again":
+            return "the producer enqueues the events again (a late duplicate)"
+        if self.what == "prune":
+            return "the cleaner prunes every done message"
         if self.what == "finish":
             return "the clock runs free and a fresh worker finishes the queue"
         return f"{self.who} {self.what}"
@@ -121,6 +138,8 @@ class World:
     crashes: int
     jumps: int
     redrives: int
+    prunes: int = 0
+    duplicates: int = 0
 
 
 class Runner:
@@ -154,7 +173,8 @@ class Runner:
 
     def start(self) -> World:
         s = self.scenario
-        return World(s.start, (IDLE,) * s.workers, False, s.crashes, s.jumps, s.redrives)
+        return World(s.start, (IDLE,) * s.workers, False, s.crashes, s.jumps, s.redrives,
+                     s.prunes, s.duplicates)
 
     def apply(self, world: World, step: Step) -> tuple[World, str, bool]:
         """Run ``step`` from ``world`` (the file must hold that state). Return the new
@@ -164,6 +184,15 @@ class Runner:
         if step.what == "enqueue":
             self.queue.enqueue_jsonl(self.scenario.jsonl())
             return replace(world, enqueued=True), str(step), False
+        if step.what == "enqueue again":
+            result = self.queue.enqueue_jsonl(self.scenario.jsonl())
+            return (replace(world, duplicates=world.duplicates - 1),
+                    f"{step}: {result.inserted} new, {result.duplicates} duplicates", False)
+        if step.what == "prune":
+            pruned = self.queue.prune(0)
+            return (replace(world, prunes=world.prunes - 1),
+                    f"the cleaner prunes {pruned.messages} done "
+                    f"message{'s' if pruned.messages != 1 else ''}", False)
         if step.what == "jump":
             assert isinstance(step.arg, int)
             return replace(world, now=step.arg, jumps=world.jumps - 1), str(step), False
@@ -249,6 +278,14 @@ class Runner:
         if world.redrives:
             steps += [Step("operator", "redrive", m.event_id) for m in messages
                       if m.state == State.DEAD]
+        if world.duplicates:
+            steps.append(Step("producer", "enqueue again"))
+        # A prune that would prune nothing is no step: it leaves the owner of the
+        # journal's last row for later (retention: sequence numbers never reused).
+        last = snap.journal[-1].event_id if snap.journal else None
+        if world.prunes and any(m.state == State.DONE and m.payload is not None
+                                and m.event_id != last for m in messages):
+            steps.append(Step("cleaner", "prune"))
         return steps
 
     def _worker_steps(self, state: tuple[Any, ...], claimable: bool) -> list[str]:

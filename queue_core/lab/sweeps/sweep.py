@@ -321,3 +321,83 @@ def plot_sweep(rows: Sequence[SweepRow], title: str = "Crash sweep: outcome per 
               bbox_to_anchor=(1.01, 1.0), title="outcome", frameon=False)
     fig.tight_layout()
     return fig
+
+
+# -- the queue's lifetime: a migration and a prune killed at each of their steps -------------
+
+@dataclass(frozen=True)
+class LifetimeRow:
+    """One lifetime case: the run (``migrate <file>`` or ``prune``), the crash
+    point of ``crashpoints.LIFETIME_POINTS``, which arrival at it killed the
+    process, and what ``lifetime.judge_migrate`` or ``judge_prune`` found."""
+
+    run: str
+    step: str
+    arrival: int
+    outcome: str
+    detail: str
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome not in ("ok", "n/a")
+
+
+_LIFETIME_CHILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from queue_core import crashpoints, migrate
+    from queue_core.lab.sweeps import lifetime
+    crashpoints.arm(sys.argv[2], after=int(sys.argv[3]))
+    if sys.argv[2].startswith("migrate."):
+        migrate(sys.argv[1])
+    else:
+        lifetime.run_prune(Path(sys.argv[1]))
+""")
+
+
+def run_lifetime_sweep(schema1_files: Sequence[str | os.PathLike[str]], *,
+                       prune_arrivals: int = 3,
+                       workdir: str | os.PathLike[str] | None = None) -> list[LifetimeRow]:
+    """Kill a real process (``os._exit``) at every migrate and prune step, then judge
+    the file it left (``queue_core.lab.sweeps.lifetime``): a migration of a copy
+    of each schema-1 file, and the prune run killed at the 1st to
+    ``prune_arrivals``-th arrival at each of its points (one per batch: the
+    crash lands in a later batch; a point reached fewer times is ``n/a``)."""
+    import subprocess
+    import sys
+
+    from ...crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
+    from . import lifetime
+
+    rows: list[LifetimeRow] = []
+    with tempfile.TemporaryDirectory(prefix="sweep-lifetime-", dir=workdir) as tmp:
+        folder = Path(tmp)
+        refs = {f"migrate {Path(source).stem}": (lifetime.migrate_end(source, folder), source)
+                for source in schema1_files}
+        prune_ref = lifetime.prune_end(folder)
+        cases = [(run, point, 1) for run in refs
+                 for point in LIFETIME_POINTS if point.startswith("migrate.")]
+        cases += [("prune", point, arrival) for arrival in range(1, prune_arrivals + 1)
+                  for point in LIFETIME_POINTS if point.startswith("prune.")]
+        for n, (run, point, arrival) in enumerate(cases):
+            db = folder / f"case-{n}.sqlite3"
+            if run == "prune":
+                lifetime.prune_source(db)
+            else:
+                lifetime.schema1_source(refs[run][1], db)
+            child = subprocess.run([sys.executable, "-c", _LIFETIME_CHILD, str(db), point,
+                                    str(arrival)], capture_output=True, text=True, timeout=120)
+            if child.returncode != CRASH_EXIT_CODE:
+                if child.returncode == 0 and arrival > 1:
+                    rows.append(LifetimeRow(run, point, arrival, "n/a",
+                                            f"reached fewer than {arrival} times"))
+                else:
+                    rows.append(LifetimeRow(run, point, arrival, "not reached",
+                                            f"exit {child.returncode}: {child.stderr[-300:]}"))
+                continue
+            if run == "prune":
+                outcome, detail = lifetime.judge_prune(db, prune_ref)
+            else:
+                outcome, detail = lifetime.judge_migrate(db, refs[run][0])
+            rows.append(LifetimeRow(run, point, arrival, outcome, detail))
+    return rows

@@ -1,0 +1,447 @@
+"""Schema 2 and ``migrate`` on PostgreSQL, tested with the earlier engine itself.
+
+The engine of 265c64c (schema 1) writes the queue of ``tests/files/make_files.py``
+into a fresh schema on the private server: E0001 and E0003 done (E0003 at
+generation 2), E0002 dead, E0004 leased until 1037, E0005 ready; 15000 of
+money. This engine reads it, refuses to write to it, and migrates it; the
+earlier engine then refuses the migrated schema, and a worker of the earlier
+engine that is running while ``migrate`` commits is refused loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import pg
+import previous_engine
+from queue_core import (BatchRejected, Handler, ModelClock, Queue, UnusableFile, audit, drain,
+                        migrate, postgres)
+from queue_core.crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
+from queue_core.storage import APPLICATION_ID, SCHEMA_VERSION
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = "265c64c"
+STATES_BEFORE = {"E0001": "done", "E0002": "dead", "E0003": "done", "E0004": "leased",
+                 "E0005": "ready"}
+
+
+def _make_files() -> Any:
+    spec = importlib.util.spec_from_file_location("make_files", ROOT / "tests/files/make_files.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The committed files' scenario, without its last lines (they tidy a SQLite file's -wal).
+SCRIPT = _make_files().SCRIPT.split("# That release's status()")[0]
+assert "queue.enqueue_jsonl(" in SCRIPT and "sqlite3" not in SCRIPT
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    previous_engine.require_history()
+    return previous_engine.export(ENGINE, tmp_path_factory.mktemp("engines"))
+
+
+@pytest.fixture
+def schema1(engine: Path, pg_dsn: str) -> str:
+    """A fresh schema holding the queue the earlier engine wrote."""
+    previous_engine.run(engine, SCRIPT, pg_dsn)
+    return pg_dsn
+
+
+def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "queue_core", "--db", dsn, *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def schema_state(dsn: str) -> dict[str, Any]:
+    """Everything in the queue's schema: each table's rows, its columns, constraints
+    and indexes, so that "changed nothing" can be compared exactly."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [row[0] for row in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+            "ORDER BY tablename")]
+        state: dict[str, Any] = {"tables": tables}
+        for table in tables:
+            state[table] = sorted(map(repr, conn.execute(f"SELECT * FROM {table}")))
+        state["columns"] = conn.execute(
+            "SELECT table_name, column_name, data_type, is_nullable FROM "
+            "information_schema.columns WHERE table_schema = current_schema() "
+            "ORDER BY 1, 2").fetchall()
+        state["constraints"] = conn.execute(
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM "
+            "pg_constraint WHERE connamespace = current_schema()::regnamespace "
+            "ORDER BY 1, 2").fetchall()
+        state["indexes"] = conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() "
+            "ORDER BY 1").fetchall()
+    return state
+
+
+def test_the_earlier_engines_schema_is_read_as_it_is_and_every_write_is_refused(
+        schema1: str, tmp_path: Path) -> None:
+    before = schema_state(schema1)
+    assert {"messages_ready", "messages_leased"} <= {name for name, _ in before["indexes"]}
+    for reading in (["status"], ["status", "--json"], ["metrics"], ["--now", "1020", "metrics"]):
+        done = cli(schema1, *reading)
+        assert done.returncode == 0, (reading, done.stderr)
+    status = json.loads(cli(schema1, "status", "--json").stdout)
+    assert status["states"] == {"ready": 1, "leased": 1, "done": 2, "dead": 1}
+    assert status["total"] == 15000 and status["pruned"] == 0
+    snap = audit.snapshot(schema1)
+    assert snap.version == 1 and audit.check(snap) == [] and snap.states() == STATES_BEFORE
+    assert schema_state(schema1) == before
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"event_id": "E0009", "payload": {"category": "pen", "amount_cents": 1}}\n')
+    for writing in (["enqueue", str(batch)], ["--now", "2000", "work"], ["redrive", "E0002"],
+                    ["--now", "2000", "prune", "--older-than", "0"]):
+        done = cli(schema1, *writing)
+        assert done.returncode == 1, (writing, done.stdout, done.stderr)
+        assert done.stderr.startswith("error: schema_too_old: "), done.stderr
+        assert "has queue schema version 1;" in done.stderr
+        assert "run `queue-core migrate` first" in done.stderr and done.stdout == ""
+        assert schema_state(schema1) == before
+
+
+def test_migrate_upgrades_the_schema_once_keeping_every_fact(schema1: str) -> None:
+    before = audit.snapshot(schema1)
+    done = cli(schema1, "migrate")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "schema 1 -> 2: 5 messages rewritten" and len(lines) == 2
+    assert lines[1].endswith(" migrated from schema version 1 to 2"), lines
+    after = audit.snapshot(schema1)
+    assert after.version == SCHEMA_VERSION == 2 and audit.check(after) == []
+    assert after.messages == before.messages and after.journal == before.journal
+    assert after.effect_rows == before.effect_rows and after.status == before.status
+    assert {event_id: digest.hex() for event_id, digest in after.digests.items()} == {
+        event_id: hashlib.sha256(message.payload.encode()).hexdigest()
+        for event_id, message in before.messages.items()}
+    with psycopg.connect(schema1, autocommit=True) as conn:
+        finished = dict(conn.execute("SELECT event_id, finished_at FROM messages "
+                                     "WHERE finished_at IS NOT NULL").fetchall())
+        indexes = sorted(row[0] for row in conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+            "AND tablename = 'messages'"))
+    done_at = {step.event_id: step.at for step in before.journal if step.to_state == "done"}
+    assert finished == done_at == {"E0001": 1000, "E0003": 1010}  # from the journal
+    assert indexes == ["messages_live", "messages_pkey"]
+    settled = schema_state(schema1)
+    again = cli(schema1, "migrate")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.endswith(" is already at schema version 2: nothing to do\n")
+    assert schema_state(schema1) == settled
+    # The migrated queue works on: the expired lease recovered, both messages done once.
+    work = cli(schema1, "--now", "2000", "work")
+    assert work.returncode == 0, work.stderr
+    snap = audit.snapshot(schema1)
+    assert audit.check(snap) == [] and snap.states() == {**STATES_BEFORE, "E0004": "done",
+                                                          "E0005": "done"}
+    assert snap.money == 17700 and snap.messages["E0004"].generation == 2
+
+
+def _layout(dsn: str) -> dict[str, Any]:
+    """The schema's tables as sets: columns (type, nullable), constraints, indexes."""
+    state, here = schema_state(dsn), f" ON {pg.schema_of(dsn)}."
+    return {"tables": state["tables"], "columns": set(state["columns"]),
+            "constraints": set(state["constraints"]),
+            "indexes": {(name, sql.replace(here, " ON ")) for name, sql in state["indexes"]}}
+
+
+def test_a_migrated_schema_is_laid_out_as_a_new_one(schema1: str, pg_server: str) -> None:
+    """Column for column, constraint for constraint, index for index (the order
+    of the columns aside: ALTER TABLE appends them)."""
+    assert migrate(schema1).to_version == 2
+    for fresh in pg.fresh_schema(pg_server):
+        Queue(fresh, clock=ModelClock(1000))  # creates schema 2
+        assert _layout(schema1) == _layout(fresh)
+
+
+def test_the_earlier_engine_refuses_a_migrated_schema_and_changes_nothing(
+        schema1: str, engine: Path, tmp_path: Path) -> None:
+    assert cli(schema1, "migrate").returncode == 0
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"event_id": "E0009", "payload": {"category": "pen", "amount_cents": 1}}\n')
+    before = schema_state(schema1)
+    for command in (["status"], ["--now", "2000", "work"], ["enqueue", str(batch)],
+                    ["redrive", "E0002"]):
+        done = previous_engine.cli(engine, "--db", schema1, *command)
+        assert done.returncode == 1, (command, done.stdout, done.stderr)
+        # That engine's words for a PostgreSQL schema (its file message adds "upgrade it").
+        assert done.stderr == ("error: schema_too_new: postgresql://local socket/postgres has "
+                               "queue schema version 2; this version of queue_core knows 1\n")
+        assert schema_state(schema1) == before
+
+
+EARLIER_WORKER = textwrap.dedent("""
+    import json, sys
+    from queue_core import Handler, ModelClock, Queue
+    clock = ModelClock(1020)
+    queue = Queue(sys.argv[1], clock=clock, lease_seconds=30)
+    def attempt(name, call):
+        try:
+            result = call()
+            said = {"step": name, "ok": repr(result)}
+        except Exception as exc:
+            said = {"step": name, "error": type(exc).__name__, "text": str(exc)}
+        print(json.dumps(said), flush=True)
+    with queue.session():               # one connection, opened before the migration
+        lease = queue.claim()           # E0005, generation 1
+        print(json.dumps({"step": "claimed", "ok": repr(lease)}), flush=True)
+        sys.stdin.readline()            # the migration runs now
+        attempt("ack", lambda: queue.complete(lease, Handler()))
+        attempt("enqueue", lambda: queue.enqueue_jsonl(
+            '{"event_id": "E0009", "payload": {"category": "pen", "amount_cents": 100}}'))
+        attempt("replay", lambda: queue.enqueue_jsonl(
+            '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'))
+        attempt("fail", lambda: queue.fail(lease))
+""")
+
+
+def test_a_running_worker_of_the_earlier_engine_is_refused_loudly_or_stays_correct(
+        schema1: str, engine: Path) -> None:
+    worker = subprocess.Popen([sys.executable, "-c", EARLIER_WORKER, schema1],
+                              env={**previous_engine.os.environ, "PYTHONPATH": str(engine)},
+                              cwd=engine, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        claimed = json.loads(worker.stdout.readline())
+        assert claimed == {"step": "claimed", "ok": "Lease(event_id='E0005', generation=1, "
+                                                    "attempt=1, lease_until=1050)"}
+        assert migrate(schema1).steps == ((1, 5),)  # the worker's session is idle: no wait
+        out, err = worker.communicate("go\n", timeout=60)
+    finally:
+        worker.kill()
+    said = {line["step"]: line for line in map(json.loads, out.splitlines())}
+    assert said["ack"]["error"] == "CheckViolation", said["ack"]
+    assert "finished_at_iff_done" in said["ack"]["text"]
+    assert said["enqueue"]["error"] == "NotNullViolation", said["enqueue"]
+    assert "payload_sha256" in said["enqueue"]["text"]
+    assert said["replay"]["ok"] == "EnqueueResult(inserted=0, duplicates=1)"  # still correct
+    assert said["fail"]["ok"].startswith("Outcome(event_id='E0005', kind='retry'")
+    snap = audit.snapshot(schema1)
+    assert audit.check(snap) == [] and "E0009" not in snap.messages
+    assert snap.states() == {**STATES_BEFORE, "E0005": "ready"} and snap.money == 15000
+    drain(Queue(schema1, clock=ModelClock(2000)), Handler())
+    snap = audit.snapshot(schema1)
+    assert audit.check(snap) == [] and snap.money == 17700
+    assert snap.states() == {**STATES_BEFORE, "E0004": "done", "E0005": "done"}
+
+
+def test_a_session_holding_a_lock_on_messages_blocks_migrate_which_changes_nothing(
+        schema1: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(postgres, "MIGRATION_LOCK_TIMEOUT", "300ms")
+    before = schema_state(schema1)
+    with psycopg.connect(schema1) as holder:  # a worker stalled inside its transaction
+        holder.execute("SELECT state FROM messages WHERE event_id = 'E0005' FOR UPDATE")
+        with pytest.raises(UnusableFile) as blocked:
+            migrate(schema1)
+        assert blocked.value.code == "migration_blocked"
+        assert "waited 300ms" in str(blocked.value) and "nothing was changed" in str(blocked.value)
+        holder.rollback()
+    assert schema_state(schema1) == before
+    snap = audit.snapshot(schema1)
+    assert snap.version == 1 and audit.check(snap) == []
+    assert migrate(schema1).steps == ((1, 5),)  # the holder is gone
+    snap = audit.snapshot(schema1)
+    assert snap.version == 2 and audit.check(snap) == [] and snap.states() == STATES_BEFORE
+
+
+def test_the_cli_says_migration_blocked_in_one_line(schema1: str) -> None:
+    with psycopg.connect(schema1) as holder:
+        holder.execute("LOCK TABLE messages IN ACCESS SHARE MODE")
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+            import sys
+            from queue_core import cli, postgres
+            postgres.MIGRATION_LOCK_TIMEOUT = "200ms"
+            raise SystemExit(cli.main(["--db", sys.argv[1], "migrate"]))
+            """), schema1], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        holder.rollback()
+    assert done.returncode == 1 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr.startswith("error: migration_blocked: ") and done.stderr.count("\n") == 1
+    assert audit.snapshot(schema1).version == 1
+
+
+def _waiting_for_the_advisory_lock(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return int(conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                "AND NOT granted AND objid = %s",
+                                (APPLICATION_ID & 0xFFFFFFFF,)).fetchone()[0])
+
+
+def test_two_migrators_started_at_once_apply_the_step_once(schema1: str) -> None:
+    with psycopg.connect(schema1, autocommit=True) as holder:
+        # Both migrators wait behind this session for the lock every step takes.
+        holder.execute("SELECT pg_advisory_lock(%s)", (APPLICATION_ID,))
+        runs = [subprocess.Popen([sys.executable, "-m", "queue_core", "--db", schema1, "migrate"],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(2)]
+        try:
+            for _ in range(600):  # until both wait (each within its 5 s lock timeout)
+                if _waiting_for_the_advisory_lock(schema1) == 2:
+                    break
+                time.sleep(0.01)
+            assert _waiting_for_the_advisory_lock(schema1) == 2
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(%s)", (APPLICATION_ID,))
+        outputs = sorted(run.communicate(timeout=120)[0] for run in runs)
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    applied = [out for out in outputs if "schema 1 -> 2: 5 messages rewritten" in out]
+    current = [out for out in outputs if "is already at schema version 2: nothing to do" in out]
+    assert len(applied) == 1 and len(current) == 1, outputs
+    snap = audit.snapshot(schema1)
+    assert snap.version == 2 and audit.check(snap) == [] and snap.states() == STATES_BEFORE
+
+
+MIGRATION_POINTS = [point for point in LIFETIME_POINTS if point.startswith("migrate.")]
+
+
+@pytest.mark.parametrize("point", MIGRATION_POINTS)
+def test_a_migration_killed_at_each_point_leaves_version_1_intact_or_version_2_complete(
+        point: str, schema1: str) -> None:
+    before = audit.snapshot(schema1)
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from queue_core import crashpoints, migrate
+        crashpoints.arm({point!r})
+        migrate(sys.argv[1])
+        """), schema1], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert child.returncode == CRASH_EXIT_CODE, child.stderr
+    snap = audit.snapshot(schema1)
+    assert audit.check(snap) == [] and snap.version == (2 if point == "migrate.after_commit" else 1)
+    assert snap.messages == before.messages and snap.money == 15000
+    assert migrate(schema1).to_version == 2 and audit.findings(schema1) == []
+
+
+# An earlier-engine worker that keeps claiming and releasing (both of which schema
+# 2 still accepts) while a 10,000-message schema is migrated beside it; it notes the
+# wall-clock time each of its transactions ended, and stops when told.
+TIMED_WORKER = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from queue_core import ModelClock, Queue
+    queue = Queue(sys.argv[1], clock=ModelClock(1000), lease_seconds=30)
+    stop, ends, refused = Path(sys.argv[2]), [], []
+    with queue.session():
+        while not stop.exists():
+            try:
+                lease = queue.claim()
+                ends.append(time.time())
+                queue.release(lease)  # ready again at once: the next claim takes it again
+                ends.append(time.time())
+            except Exception as exc:
+                refused.append(type(exc).__name__)
+            if len(ends) == 400:
+                print("warm", flush=True)
+    print(json.dumps({"ends": ends, "refused": refused}), flush=True)
+""")
+
+
+def _journal_rows(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return int(conn.execute("SELECT count(*) FROM transitions").fetchone()[0])
+
+
+def test_how_long_migrating_10000_messages_blocks_a_running_worker(
+        engine: Path, pg_dsn: str, tmp_path: Path) -> None:
+    """Prints the figures (for the closing note); asserts only what is exact."""
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(f'{{"event_id": "E{n:04d}", "payload": {{"category": "book", '
+                             f'"amount_cents": {n + 1}}}}}\n' for n in range(10_000)))
+    previous_engine.run(engine, textwrap.dedent("""
+        import sys
+        from queue_core import Handler, ModelClock, Queue
+        queue = Queue(sys.argv[1], clock=ModelClock(900), lease_seconds=30)
+        lines = open(sys.argv[2]).read().splitlines(keepends=True)
+        for start in range(0, len(lines), 1000):  # a batch holds at most 1000 lines
+            queue.enqueue_jsonl("".join(lines[start:start + 1000]))
+        for _ in range(1000):  # a tenth done, so the step has finish times to find
+            queue.complete(queue.claim(), Handler())
+        """), pg_dsn, str(batch), timeout=300)
+    stop = tmp_path / "stop"
+    worker = subprocess.Popen([sys.executable, "-c", TIMED_WORKER, pg_dsn, str(stop)],
+                              env={**previous_engine.os.environ, "PYTHONPATH": str(engine)},
+                              cwd=engine, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        assert worker.stdout is not None
+        assert worker.stdout.readline() == "warm\n"  # 400 transactions at its own pace
+        began = time.time()
+        done = migrate(pg_dsn)
+        ended = time.time()
+        after = _journal_rows(pg_dsn)
+        while _journal_rows(pg_dsn) < after + 400:  # it goes on under schema 2
+            time.sleep(0.01)
+        stop.touch()
+        out, err = worker.communicate(timeout=120)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, err
+    assert done.steps == ((1, 10_000),)
+    said = json.loads(out.splitlines()[-1])
+    assert said["refused"] == []  # claims and releases stay correct under schema 2
+    ends = said["ends"]
+    alone = sorted(b - a for a, b in zip(ends, ends[1:]) if b < began)
+    across = [b - a for a, b in zip(ends, ends[1:]) if b >= began and a <= ended]
+    print(f"\nPostgreSQL migrate of 10,000 messages (1,000 done): {ended - began:.3f} s; the "
+          f"earlier engine's worker beside it: {len(ends)} transactions, median "
+          f"{alone[len(alone) // 2] * 1000:.2f} ms apart before it, longest gap across the "
+          f"migration {max(across) * 1000:.0f} ms")
+    snap = audit.snapshot(pg_dsn)
+    assert snap.version == 2 and audit.check(snap) == []
+    assert sum(m.state == "done" for m in snap.messages.values()) == 1000
+    assert snap.money == sum(range(1, 1001))
+
+
+NON_ASCII = ('{"event_id": "E0007", "payload": {"category": "book", "amount_cents": 1234, '
+             '"title": "Café ☕ 東京"}}\n')
+REORDERED = ('{"event_id": "E0007", "payload": {"title": "Café ☕ 東京", "amount_cents": 1234, '
+             '"category": "book"}}\n')
+
+
+def test_a_migrated_digest_is_the_engines_own_so_a_pruned_replay_is_still_a_duplicate(
+        schema1: str, engine: Path, tmp_path: Path) -> None:
+    """The step computes each digest in SQL; a replay of a pruned event is judged by
+    it, so it must be the SHA-256 the engine computes, non-ASCII text included."""
+    previous_engine.run(engine, textwrap.dedent("""
+        import sys
+        from queue_core import Handler, ModelClock, Queue
+        queue = Queue(sys.argv[1], clock=ModelClock(1030), lease_seconds=30)
+        queue.enqueue_jsonl(sys.argv[2])
+        leases = queue.claim_batch(2)  # E0005 and E0007 (E0004's lease ends at 1037)
+        assert sorted(lease.event_id for lease in leases) == ["E0005", "E0007"], leases
+        for lease in leases:
+            queue.complete(lease, Handler())
+        """), schema1, NON_ASCII)
+    assert migrate(schema1).steps == ((1, 6),)
+    snap = audit.snapshot(schema1)
+    assert {e: d.hex() for e, d in snap.digests.items()} == {
+        e: hashlib.sha256(m.payload.encode("utf-8")).hexdigest() for e, m in snap.messages.items()}
+    queue = Queue(schema1, clock=ModelClock(5000))
+    queue.enqueue_jsonl('{"event_id": "E0008", "payload": {"category": "pen", '
+                        '"amount_cents": 1}}\n')  # owns the journal's last row
+    assert queue.prune(0).messages == 4  # E0001, E0003, E0005, E0007
+    snap = audit.snapshot(schema1)
+    assert audit.check(snap) == [] and snap.messages["E0007"].payload is None
+    money = snap.money
+    for replay in (NON_ASCII, REORDERED):  # the same canonical payload
+        same = queue.enqueue_jsonl(replay)
+        assert (same.inserted, same.duplicates) == (0, 1)
+    with pytest.raises(BatchRejected) as refused:
+        queue.enqueue_jsonl(NON_ASCII.replace("東京", "京都"))
+    assert refused.value.code == "batch_conflict"
+    assert audit.snapshot(schema1).money == money == 15000 + 700 + 1234
