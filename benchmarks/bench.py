@@ -95,7 +95,8 @@ import fsyncs  # noqa: E402
 from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noqa: E402
                          PgRawCommits, QueueSize, RawCommits, Schemas, Slice, Worker)
 from bench_report import evaluate, summarise  # noqa: E402
-from bench_retention import PrunedEndToEnd, migrations, pg_space, steady_load  # noqa: E402
+from bench_retention import (PrunedEndToEnd, ack_pages, migrations, pg_space,  # noqa: E402
+                             steady_load)
 from bench_text import report  # noqa: E402
 from fencing import late_acks  # noqa: E402
 from peer_safety import describe, probe_all  # noqa: E402
@@ -296,6 +297,7 @@ def lifetime_figures(workdir: Path, plan: Plan, cases: list[Case], schemas: Sche
     beside = next((case for case in cases if isinstance(case, PrunedEndToEnd)), None)
     if beside is not None:
         found["beside"] = beside.summary()
+        found["ack_pages"] = ack_pages()
     if plan.pg_space and schemas is not None:
         found["pg_space"] = pg_space(schemas.fresh("space"), plan.pg_space, say)
     if plan.migrate[0]:

@@ -110,6 +110,7 @@ class LoadedFile:
         self.rest: list[int] = []  # the -wal after each window's first commit
         self.pruned = self.batches = 0
         self.longest = 0.0
+        self.per_call: list[float] = []  # each prune call's longest batch
         self.money = 0
         self.checkpointed = 0  # the file after a checkpoint(TRUNCATE) at the end
 
@@ -131,6 +132,8 @@ class LoadedFile:
                 done = self.queue.prune(WINDOW_SECONDS * LIVE_WINDOWS + WINDOW_SECONDS // 2)
                 self.pruned, self.batches = self.pruned + done.messages, self.batches + done.batches
                 self.longest = max(self.longest, done.longest_batch_seconds)
+                if done.batches:
+                    self.per_call.append(done.longest_batch_seconds)
                 if done.kept:
                     raise CheckFailed(f"steady load {self.name}: prune kept {done.kept} whole")
         self.samples.append(dict(self.sizes(), events=ids.stop))
@@ -209,7 +212,9 @@ def steady_load(workdir: Path, events: int, window: int,
                 "slope": slope(files["pruned"].samples, LIVE_WINDOWS),
                 "kept": kept, "replay": replay,
                 "prune": {"messages": files["pruned"].pruned, "batches": files["pruned"].batches,
-                          "longest_s": max(files["pruned"].longest, files["limited"].longest)}}
+                          "longest_s": max(files["pruned"].longest, files["limited"].longest),
+                          "median_call_s": statistics.median(
+                              files["pruned"].per_call + files["limited"].per_call)}}
     finally:
         for loaded in files.values():
             loaded.close()
@@ -283,7 +288,7 @@ class PrunedEndToEnd(EndToEnd):
     def __init__(self, workdir: Path, n: int, workers: list[Worker], pruner: Worker) -> None:
         self.pruner = pruner
         self.pruning: list[dict[str, Any]] = []
-        self._backlog = 0
+        self._backlog = self._during = 0
         super().__init__("single_pruned", "ours, single message, prune beside", workdir, n,
                          op="drain", workers=workers, producer="single")
 
@@ -302,11 +307,13 @@ class PrunedEndToEnd(EndToEnd):
             raise CheckFailed(f"{self.name}: after the last prune {whole} done messages keep "
                               f"their payload, {stats['kept']} kept whole")
         self.keeper.check_exactly_once(self.next_id, self.money)
-        self.pruning.append(dict(stats, backlog=self._backlog, consumed=measured.messages))
+        self.pruning.append(dict(stats, during=self._during, backlog=self._backlog,
+                                 consumed=measured.messages))
         return measured
 
     def after_consume(self) -> None:
         assert self.keeper is not None and self.keeper.conn is not None
+        self._during = self.pruner.call(op="prune_count")["messages"]
         self._backlog = self.keeper.conn.execute(
             "SELECT count(*) FROM messages WHERE state = 'done' AND payload IS NOT NULL"
         ).fetchone()[0]
@@ -314,12 +321,32 @@ class PrunedEndToEnd(EndToEnd):
     def summary(self) -> dict[str, Any]:
         if not self.pruning:
             return {}
+        during = sum(s["during"] for s in self.pruning)
+        consumed = sum(s["consumed"] for s in self.pruning)
         return {"slices": len(self.pruning),
+                "during": during,
+                # kept up: while the worker ran, it pruned at least 9 in 10 of what it finished
+                "kept_up": during >= 0.9 * consumed,
                 "pruned": sum(s["messages"] for s in self.pruning),
                 "consumed": sum(s["consumed"] for s in self.pruning),
                 "backlog_max": max(s["backlog"] for s in self.pruning),
                 "backlog_median": statistics.median(s["backlog"] for s in self.pruning),
                 "longest_s": max(s["longest_s"] for s in self.pruning)}
+
+
+# -- the pages of the worker loop's ACK --------------------------------------------
+
+def ack_pages() -> dict[str, list[int]]:
+    """The WAL pages of each commit of the worker loop consuming three orders on a
+    fresh file (``lab.speed.commits``): each ACK that claims the next message, and
+    the last ACK. Schema 2's finish time is written in the row the ACK rewrites
+    anyway; this shows whether it cost a page."""
+    from queue_core.lab.speed.commits import consume_transactions
+
+    loop = consume_transactions()["the worker loop (drain)"]
+    return {"fused": [t.pages for t in loop if t.acked and t.claimed],
+            "last": [t.pages for t in loop if t.acked and not t.claimed],
+            "fsynced": [t.fsynced for t in loop if t.acked]}
 
 
 # -- PostgreSQL: space after prune and VACUUM ------------------------------------

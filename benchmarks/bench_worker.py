@@ -32,7 +32,8 @@ def worker_main() -> None:
     fsync + fdatasync calls the slow-disk shim counted meanwhile (``None``
     where the shim is not loaded). ``prune_start`` starts a thread that calls
     ``Queue.prune(0)`` on its own connection again and again while the
-    consumers run; ``prune_stop`` stops it, prunes once more (what the
+    consumers run; ``prune_count`` answers how many it pruned so far;
+    ``prune_stop`` stops it, prunes once more (what the
     consumers finished last) and answers what it did (``Pruner.totals``).
     """
     from queue_core import Handler, Queue
@@ -51,6 +52,9 @@ def worker_main() -> None:
             sessions.enter_context(queues[key].session())
         elif cmd["op"] == "prune_start":
             pruner = Pruner(Queue(cmd["db"]))
+        elif cmd["op"] == "prune_count":  # the thread goes on
+            assert pruner is not None
+            reply = {"messages": pruner.messages}
         elif cmd["op"] == "prune_stop":
             assert pruner is not None
             reply = pruner.stop()

@@ -42,7 +42,8 @@ def test_the_quick_run_measures_every_lifetime_figure_and_each_has_its_target(
         quick: dict) -> None:
     lifetime = quick["lifetime"]
 
-    assert {"steady", "beside", "migrate"} <= set(lifetime)
+    assert {"steady", "beside", "migrate", "ack_pages"} <= set(lifetime)
+    assert lifetime["ack_pages"]["fused"] and all(lifetime["ack_pages"]["fsynced"])
     steady = lifetime["steady"]
     assert {"files", "samples", "flat", "slope", "kept", "replay", "prune", "wal_limit"} <= \
         set(steady)
@@ -51,13 +52,14 @@ def test_the_quick_run_measures_every_lifetime_figure_and_each_has_its_target(
             "kept"} <= set(steady["files"]["pruned"])
     assert steady["replay"] == {"same": "duplicate", "other": "batch_conflict"}
     assert lifetime["beside"]["pruned"] >= lifetime["beside"]["consumed"] - 1
+    assert {"during", "kept_up", "backlog_max"} <= set(lifetime["beside"])
     rows = {row["name"]: row for row in quick["targets"]}
     assert LIFETIME_TARGETS <= set(rows)
     assert all(rows[name]["value"] is not None for name in LIFETIME_TARGETS)
     text = "\n".join(bench.report(quick))
     assert "the queue over its lifetime" in text and "journal_size_limit" in text
-    assert "prune beside the worker" in text and "migrate, SQLite" in text or \
-        "migrate: not measured" in text
+    assert "prune beside the worker" in text
+    assert "migrate, SQLite" in text or "migrate: not measured" in text
 
 
 def test_the_steady_load_keeps_the_live_window_flat_and_every_pruned_key(quick: dict) -> None:
@@ -94,6 +96,7 @@ def test_each_lifetime_target_reads_its_figure_and_its_direction() -> None:
                             prune={"longest_s": 0.012, "batches": 3})
     results["lifetime"]["steady"]["files"]["unpruned"] = {"file": 8000, "wal": 2000}
     results["lifetime"]["steady"]["files"]["pruned"] = {"file": 1500, "wal": 1000}
+    results["lifetime"]["beside"] = {"kept_up": False, "during": 3, "consumed": 100}
     rows = {row["name"]: row for row in bench_report.evaluate(results)}
 
     size = rows["file + -wal after a steady load, pruned vs not"]
@@ -101,6 +104,8 @@ def test_each_lifetime_target_reads_its_figure_and_its_direction() -> None:
     assert rows["bytes kept per pruned event (dbstat pages)"]["met"] is True
     assert rows["single consume, prune beside vs without"]["value"] == pytest.approx(0.8)
     assert rows["single consume, prune beside vs without"]["met"] is False
+    assert rows["single consume, prune beside vs without"]["against"].startswith(
+        "the prune kept up: NO, it pruned 3 of the 100")
     longest = rows["longest prune transaction, ms"]
     assert (longest["value"], longest["met"]) == (pytest.approx(12.0), False)
     assert bench_report.evaluate({"vs_raw": {}, "peers": []})  # nothing measured: no error
