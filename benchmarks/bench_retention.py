@@ -462,6 +462,27 @@ def export_engine(folder: Path, commit: str = MIGRATE_ENGINE) -> Path:
     return target
 
 
+@contextmanager
+def step_times() -> Iterator[dict[str, float]]:
+    """The monotonic time at which this process's migration passed each of its crash
+    points (``migrate.after_begin``: the step holds its transaction, on SQLite the
+    write lock; ``migrate.after_commit``: released). Measurement only: each point
+    still does what it does (nothing, unless armed)."""
+    from queue_core import postgres
+
+    seen: dict[str, float] = {}
+    originals = (storage.crash_point, postgres.crash_point)
+
+    def record(name: str) -> None:
+        seen.setdefault(name, time.monotonic())
+        originals[0](name)
+    storage.crash_point = postgres.crash_point = record  # type: ignore[assignment]
+    try:
+        yield seen
+    finally:
+        storage.crash_point, postgres.crash_point = originals  # type: ignore[assignment]
+
+
 def _engine_env(engine: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(engine), "PYTHONDONTWRITEBYTECODE": "1"}
 
@@ -482,9 +503,14 @@ def migrate_beside_a_worker(engine: Path, target: str, messages: int, ready: int
     steps = []
     try:
         for _ in range(20):  # it is working
-            steps.append(json.loads(worker.stdout.readline()))
+            line = worker.stdout.readline()
+            if not line:
+                raise CheckFailed(f"the previous engine's worker on {target} ended early: "
+                                  f"{worker.communicate(timeout=60)[1][-400:]}")
+            steps.append(json.loads(line))
         started = time.monotonic()
-        done = migrate(target)
+        with step_times() as seen:
+            done = migrate(target)
         ended = time.monotonic()
         out, err = worker.communicate(timeout=300)
     finally:
@@ -493,12 +519,14 @@ def migrate_beside_a_worker(engine: Path, target: str, messages: int, ready: int
     steps += [json.loads(line) for line in out.splitlines()]
     if done.steps != ((1, messages),):
         raise CheckFailed(f"migrate of {messages} messages did {done.steps}")
-    across = [s["end"] - s["start"] for s in steps if s["start"] < ended and s["end"] > started]
+    held = (seen["migrate.after_begin"], seen["migrate.after_commit"])
+    across = [s["end"] - s["start"] for s in steps if s["start"] < held[1] and s["end"] > held[0]]
     usual = [s["end"] - s["start"] for s in steps if s["step"] == "done"
              and not (s["start"] < ended and s["end"] > started)]
     last = steps[-1]
     finish(target, messages)
     return {"messages": messages, "seconds": ended - started,
+            "waited_s": held[0] - started, "held_s": held[1] - held[0],
             "blocked_s": max(across) if across else None,
             "usual_step_s": statistics.median(usual) if usual else None,
             "worker_end": last["step"] if last["step"] != "refused"

@@ -341,10 +341,13 @@ def lifetime_lines(results: dict[str, Any]) -> list[str]:
             usual = "-" if one["usual_step_s"] is None else f"{one['usual_step_s'] * 1000:.1f} ms"
             lines.append(f"migrate, {'SQLite' if store == 'sqlite' else 'PostgreSQL'}: "
                          f"{one['messages']:,} messages written by {moved['engine']} "
-                         f"in {one['seconds'] * 1000:.0f} ms (waiting for the write lock "
-                         f"included); a worker of {moved['engine']} "
-                         f"running beside it (claim + ACK per step, usually {usual}) was "
-                         f"blocked at most {blocked}, then {one['worker_end']}; this engine "
+                         f"in {one['seconds'] * 1000:.0f} ms: "
+                         f"{one['waited_s'] * 1000:.0f} ms to begin its step beside the "
+                         f"worker, then its transaction held for {one['held_s'] * 1000:.0f} ms "
+                         f"({'the write lock, for the rebuild of messages' if store == 'sqlite' else 'its ALTER TABLE waits for, then holds, the exclusive lock'}); "
+                         f"a worker of {moved['engine']} running beside it (claim + ACK per "
+                         f"step, usually {usual}) took at most {blocked} for a step that "
+                         f"overlapped that hold, then {one['worker_end']}; this engine "
                          "finished every message, audited, the money exact")
     return lines
 
