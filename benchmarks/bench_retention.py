@@ -428,7 +428,7 @@ print(json.dumps(queue.status().states))
 WORKER_SCRIPT = r"""
 import json, sys, time
 from queue_core import Handler, Queue
-queue, handler = Queue(sys.argv[1], lease_seconds=1), Handler()
+queue, handler = Queue(sys.argv[1], lease_seconds=3), Handler()
 with queue.session():
     while True:
         start = time.monotonic()
@@ -535,7 +535,7 @@ def migrate_beside_a_worker(engine: Path, target: str, messages: int, ready: int
 
 
 def finish(target: str, messages: int) -> None:
-    """This engine finishes every message (the refused ACK's lease expires first);
+    """This engine finishes every message (the refused ACK's 3 s lease expires first);
     the audit finds nothing, every message done once, the money exact."""
     queue, handler = Queue(target), Handler()
     deadline = time.monotonic() + 30
