@@ -57,7 +57,19 @@ items it handed back (each once), on PostgreSQL by its own tables, and on
 the same work by the application's effects table (one effect per event put,
 its amount exact).
 ``peer_safety.py`` then runs two consumer processes and a crashing
-consumer against every queue. A failed check exits 1; a figure below its
+consumer against every queue.
+
+The queue over its lifetime (``bench_retention.py``): a steady load of
+events with 2 KB payloads processed in rolling windows, on a file pruned
+after every window and on one never pruned (file and ``-wal`` sizes, the
+payload and journal bytes window by window, the bytes every pruned event
+keeps, read with ``dbstat``, the longest prune transaction); our single
+message with a process running ``prune`` beside the worker, in the same
+rounds as the case without it; on PostgreSQL the tables' sizes before a
+prune and after it and a ``VACUUM``; and ``migrate`` of a queue that the
+previous engine wrote (exported from git history), timed while a worker of
+that engine runs on it. Each is checked like the slices: the audit clean,
+every state, effect and the money exact. A failed check exits 1; a figure below its
 target is printed as such and the exit status stays 0: a benchmark reports.
 """
 
@@ -83,6 +95,8 @@ import fsyncs  # noqa: E402
 from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noqa: E402
                          PgRawCommits, QueueSize, RawCommits, Schemas, Slice, Worker)
 from bench_report import evaluate, summarise  # noqa: E402
+from bench_retention import (PrunedEndToEnd, ack_pages, migrations, pg_space,  # noqa: E402
+                             steady_load)
 from bench_text import report  # noqa: E402
 from fencing import late_acks  # noqa: E402
 from peer_safety import describe, probe_all  # noqa: E402
@@ -116,13 +130,22 @@ class Plan:
     normal: bool = False  # our synchronous=NORMAL option beside the NORMAL peers (full runs it)
     bare: bool = True  # the bare two-commit protocol, for scale
     same_work: bool = False  # also each peer on the same work: its effect committed, then acked
+    # the queue over its lifetime (``bench_retention``): the steady load's (events, window);
+    # our single message with a pruning process beside it; migrate's (messages, ready) of a
+    # previous engine's queue with its worker running; PostgreSQL space after prune + VACUUM
+    retention: tuple[int, int] = (0, 0)
+    prune_case: bool = False
+    migrate: tuple[int, int] = (0, 0)
+    pg_space: int = 0
 
 
 FULL = Plan(rounds=12, budget_s=150.0, raw=40, single=100, k10=400, k100=2000,
             sizes=(1_000, 10_000, 100_000), full=True, peers=True, postgres=200, slow=True,
-            same_work=True)
+            same_work=True, retention=(10_000, 500), prune_case=True, migrate=(10_000, 3_000),
+            pg_space=2_000)
 QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
-             sizes=(1_000, 10_000), full=False)
+             sizes=(1_000, 10_000), full=False, retention=(400, 100), prune_case=True,
+             migrate=(1_500, 1_000))
 # A few seconds for notebook 08: ours (one at a time, batched, NORMAL) and the peers, at
 # like durability, consumer side; and one probe round.
 PEERS_QUICK = Plan(rounds=3, budget_s=1.0, raw=8, single=30, k10=60, k100=300, sizes=(),
@@ -142,16 +165,19 @@ def same_file_system_dir() -> Path:
 
 def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
                 peer_worker: PeerWorker | None = None,
-                schemas: Schemas | None = None) -> Iterator[Case]:
+                schemas: Schemas | None = None, pruner: Worker | None = None) -> Iterator[Case]:
     """The cases; all but the several-worker ones share the first worker
     process; the peers share a process of their own; PostgreSQL's cases
-    (with ``schemas``) put each queue in a fresh schema."""
+    (with ``schemas``) put each queue in a fresh schema; ``pruner``: the
+    process that prunes beside our single-message case (``plan.prune_case``)."""
     n, one = plan.single, pool[:1]
     if plan.bare and not plan.durable_peers_only:
         yield BareProtocol(workdir, n)
-    if plan.full or plan.peers:
+    if plan.full or plan.peers or plan.prune_case:
         yield EndToEnd("single", "ours, single message, 1 worker", workdir, n,
                        op="drain", workers=one, producer="single")
+    if plan.prune_case and pruner is not None and not plan.durable_peers_only:
+        yield PrunedEndToEnd(workdir, n, one, pruner)
     if plan.full:
         yield EndToEnd("two_workers", "ours, single message, 2 workers", workdir, n,
                        op="drain", workers=pool[:2])
@@ -207,7 +233,9 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         schemas = None if server is None else Schemas(server, "queue_bench")
         pool = [Worker() for _ in range(max(WORKER_COUNTS) if plan.full else 1)]
         peer_worker = PeerWorker() if plan.peers else None
+        pruner = Worker() if plan.prune_case else None
         cases: list[Case] = []
+        lifetime: dict[str, Any] = {}
         safety: dict[str, dict[str, Any]] = {}
         pg_safety: dict[str, dict[str, Any]] = {}
         fenced: dict[str, dict[str, Any]] = {}
@@ -215,7 +243,7 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         try:
             if schemas is not None:
                 raws["pg_raw"] = PgRawCommits(schemas.fresh("raw"), plan.raw)
-            cases.extend(build_cases(workdir, plan, pool, peer_worker, schemas))
+            cases.extend(build_cases(workdir, plan, pool, peer_worker, schemas, pruner))
             say(f"{len(cases)} cases and the raw limit in {tmp}; {plan.rounds} rounds")
             interleave(cases, raws, plan.rounds, plan.budget_s, say)
             if plan.full:
@@ -234,16 +262,19 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
                     say("a late ack, per PostgreSQL queue")
                     fenced = late_acks(schemas)
                     check_our_fence(fenced["queue_core_pg"])
+            lifetime = lifetime_figures(workdir, plan, cases, schemas, say)
         finally:
             for case in (*raws.values(), *cases):
                 case.close()
-            for worker in [*pool, *([peer_worker] if peer_worker else [])]:
+            for worker in [*pool, *([peer_worker] if peer_worker else []),
+                           *([pruner] if pruner else [])]:
                 worker.close()
             if schemas is not None:
                 schemas.close()
     results = summarise(cases, list(raws.values()), memory, safety,
                         missing_peers() if plan.peers else [])
     results["pg_safety"], results["fencing"] = pg_safety, fenced
+    results["lifetime"] = lifetime
     if plan.full:
         say("counting fsyncs per message with strace")
         results["fsyncs"] = (fsyncs.count(fsync_claims=False), fsyncs.count(fsync_claims=True))
@@ -251,6 +282,30 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         results["slow"] = slow_regime(say)
     results["targets"] = evaluate(results)
     return results
+
+
+def lifetime_figures(workdir: Path, plan: Plan, cases: list[Case], schemas: Schemas | None,
+                     say: Callable[[str], None]) -> dict[str, Any]:
+    """The queue over its lifetime (``bench_retention``): the steady load with and
+    without prune, the pruning process beside the workers, PostgreSQL's space
+    after prune and VACUUM, and migrate beside a previous engine's worker.
+    Raises ``CheckFailed`` where a state, an effect or the money is not exact."""
+    found: dict[str, Any] = {}
+    if plan.retention[0]:
+        (workdir / "steady").mkdir()
+        found["steady"] = steady_load(workdir / "steady", *plan.retention, say=say)
+    beside = next((case for case in cases if isinstance(case, PrunedEndToEnd)), None)
+    if beside is not None:
+        found["beside"] = beside.summary()
+        found["ack_pages"] = ack_pages()
+    if plan.pg_space and schemas is not None:
+        found["pg_space"] = pg_space(schemas.fresh("space"), plan.pg_space, say)
+    if plan.migrate[0]:
+        (workdir / "migrate").mkdir()
+        found["migrate"] = migrations(workdir / "migrate", *plan.migrate,
+                                      schemas.fresh("migrate") if schemas is not None else None,
+                                      say)
+    return found
 
 
 def interleave(cases: list[Case], raws: dict[str, Case], rounds: int, budget_s: float,

@@ -151,6 +151,49 @@ def _fsyncs(results: dict[str, Any]) -> tuple[float | None, str]:
     return (None, "") if not counted or counted[0] is None else (counted[0], "")
 
 
+def _steady(results: dict[str, Any]) -> dict[str, Any]:
+    return dict((results.get("lifetime") or {}).get("steady") or {})
+
+
+def on_disk(sizes: dict[str, int], wal: str = "wal") -> int:
+    """A queue file's bytes on disk: the file and its ``-wal`` (``wal_rest``: after
+    the first commit since the last checkpoint)."""
+    return int(sizes["file"] + sizes[wal])
+
+
+def _file_size(results: dict[str, Any]) -> tuple[float | None, str]:
+    """The pruned file + its -wal over the unpruned one's, after the same steady load."""
+    steady = _steady(results)
+    if not steady:
+        return None, ""
+    files = steady["files"]
+    return (on_disk(files["pruned"]) / on_disk(files["unpruned"]),
+            f"{on_disk(files['pruned']) / 1e6:.1f} MB vs {on_disk(files['unpruned']) / 1e6:.1f} MB")
+
+
+def _kept_per_event(results: dict[str, Any]) -> tuple[float | None, str]:
+    kept = _steady(results).get("kept")
+    return (None, "") if not kept else (kept["per_event"], f"{kept['pruned']:,} pruned")
+
+
+def _longest_prune_ms(results: dict[str, Any]) -> tuple[float | None, str]:
+    prune = _steady(results).get("prune")
+    return (None, "") if not prune else (prune["longest_s"] * 1000,
+                                         f"{prune['batches']} transactions")
+
+
+def _prune_beside(results: dict[str, Any]) -> tuple[float | None, str]:
+    """The worker's rate with the pruning process beside it over without; whether the
+    prune kept up while the worker ran (the figure's premise) is said beside it."""
+    value, _ = _ratio(results, "single_pruned", "single")
+    beside = (results.get("lifetime") or {}).get("beside")
+    if value is None or not beside:
+        return value, ""
+    return value, (f"the prune kept up: {'yes' if beside['kept_up'] else 'NO'}, it pruned "
+                   f"{beside['during']:,} of the {beside['consumed']:,} messages while the "
+                   "worker ran")
+
+
 # (name, what it compares, figure, bound, at least (True) or at most (False))
 TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str]], float,
                     bool]] = [
@@ -198,6 +241,19 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
      lambda r: _ratio(r, "two_workers", "single"), 0.85, True),
     ("SQLite 100,000 queued vs 1,000", "consumer side, single message",
      lambda r: _ratio(r, "size_100000", "size_1000"), 0.9, True),
+    ("file + -wal after a steady load, pruned vs not",
+     "the same events of 2 KB processed in rolling windows, pruned after each (the last two "
+     "windows kept whole) or never; -wal at its high-water mark, the engine's settings",
+     _file_size, 0.25, False),
+    ("bytes kept per pruned event (dbstat pages)",
+     "key, digest, effect and compacted record: the pages of messages, its key index, effects "
+     "and compacted over the messages pruned", _kept_per_event, 200.0, False),
+    ("single consume, prune beside vs without",
+     "consumer side, ours FULL* with a process running prune(0) in a loop beside the worker "
+     "vs the same case without it, same rounds", _prune_beside, 0.9, True),
+    ("longest prune transaction, ms",
+     "one batch of at most 100 done messages of 2 KB, BEGIN IMMEDIATE to its fsynced commit, no other "
+     "writer (the write lock's hold), this machine's flush", _longest_prune_ms, 10.0, False),
 ]
 
 

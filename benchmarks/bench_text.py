@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench_report import evaluate
+from bench_report import evaluate, on_disk
 from peer_safety import describe
 
 WORKER_COUNTS = (1, 2, 4)
@@ -214,6 +214,144 @@ def safety_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _mb(count: float) -> str:
+    return f"{count / 1e6:.2f} MB"
+
+
+def lifetime_lines(results: dict[str, Any]) -> list[str]:
+    """The queue over its lifetime: the steady load pruned and not, prune beside the
+    workers, PostgreSQL's space after prune and VACUUM, migrate beside a running
+    worker of the previous engine. Every commit is ours at synchronous=FULL."""
+    found = results.get("lifetime") or {}
+    if not found:
+        return []
+    lines = ["", "the queue over its lifetime (every commit synchronous=FULL: each ACK, "
+             "enqueue and prune transaction fsynced, claims without an fsync of their own)"]
+    steady = found.get("steady")
+    if steady:
+        files, window = steady["files"], steady["window"]
+        live = steady["live_windows"] * window
+        lines.append(f"steady load: {steady['events']:,} events of {steady['payload_bytes']:,} "
+                     f"bytes, enqueued {window} per window (100 per commit), one window every "
+                     f"10 s of a model clock, claimed and ACKed in batches of 50; pruned after "
+                     f"each window, keeping the last {steady['live_windows']} windows' "
+                     f"{live:,} done messages whole; a connection held open all along")
+        for name, label in (("unpruned", "never pruned"), ("pruned", "pruned"),
+                            ("limited", "pruned, journal_size_limit")):
+            sizes = files[name]
+            lines.append(f"  {label:<27} file {_mb(sizes['file']):>9} + -wal "
+                         f"{_mb(sizes['wal']):>9} = {_mb(on_disk(sizes)):>9}; "
+                         f"after the next commit -wal {_mb(sizes['wal_rest'])}")
+        unpruned = on_disk(files["unpruned"])
+        lines.append(f"  pruned / never pruned: {on_disk(files['pruned']) / unpruned:.2f} with "
+                     f"the -wal at its high-water mark; "
+                     f"{on_disk(files['limited'], 'wal_rest') / on_disk(files['unpruned'], 'wal_rest'):.2f} "
+                     "after the next commit with journal_size_limit (never pruned: without); "
+                     f"{files['pruned']['checkpointed'] / files['unpruned']['checkpointed']:.2f} "
+                     f"for the data alone ({_mb(files['pruned']['checkpointed'])} vs "
+                     f"{_mb(files['unpruned']['checkpointed'])}, each file once a "
+                     "wal_checkpoint(TRUNCATE) copied its -wal in and emptied it)")
+        lines.append(f"  the -wal: SQLite writes it from its start again after a checkpoint but "
+                     f"never makes it shorter, so it stays at its high-water mark: the pages "
+                     f"written between two checkpoints (at most the {steady['checkpoint_pages']:,}-page "
+                     f"autocheckpoint, {steady['checkpoint_pages'] * steady['page_size'] // 2**20} MB "
+                     "with 1 KB pages, plus the commit that crossed it; here prune's own "
+                     "checkpoint after each window comes first). PRAGMA journal_size_limit "
+                     f"(not set by the engine; the third file's connections set "
+                     f"{steady['wal_limit'] // 1024} KB) truncates it at the first commit after "
+                     "a checkpoint to that limit (or that commit's size): it bounds the size "
+                     "at rest, not the peak between two checkpoints, and changes no fsync")
+        flat = steady["flat"]
+        lines.append(f"  once the windows roll: payload text {flat['payload'][0]:,}..{flat['payload'][1]:,} "
+                     f"bytes ({live:,} live x {steady['payload_bytes']:,}), journal pages "
+                     f"{flat['journal'][0]:,}..{flat['journal'][1]:,} bytes, the live index "
+                     f"{flat['index'][0]:,}..{flat['index'][1]:,} bytes: flat at the live window")
+        if steady["slope"] is not None:
+            lines.append(f"  what every event keeps (its row without payload, key index, "
+                         f"effect, record, on pages) grows {steady['slope']:.0f} bytes per "
+                         "event (least squares over the rolled windows)")
+        kept = steady["kept"]
+        pages = ", ".join(f"{name} {count:,}" for name, count in kept["pages"].items())
+        lines.append(f"  kept per pruned event after prune(0): {kept['per_event']:.0f} bytes of "
+                     f"pages ({pages} bytes for {kept['pruned']:,} pruned), of which "
+                     f"{kept['cells_per_event']:.0f} bytes of cells (dbstat); the rest is page "
+                     "slack and cell headers")
+        prune = steady["prune"]
+        lines.append(f"  prune: {prune['messages']:,} messages in {prune['batches']} "
+                     f"transactions of at most 100; the longest held the write lock "
+                     f"{prune['longest_s'] * 1000:.1f} ms (each prune call's longest: median "
+                     f"{prune['median_call_s'] * 1000:.1f} ms), its fsynced commit included (nothing "
+                     "else wrote: the hold, no wait); giving freed pages back "
+                     "(incremental_vacuum, 64 pages each) is separate transactions, not timed here")
+        replay = steady["replay"]
+        lines.append(f"  a replay of pruned E0000: {replay['same']}; with another payload: "
+                     f"{replay['other']}; states, effects and money exact on all three files "
+                     "(the shared audit), and on the pruned one again after the replays")
+    beside = found.get("beside")
+    vs_raw = results.get("vs_raw", {})
+    if beside and "single_pruned" in vs_raw and "single" in vs_raw:
+        lines.append(f"prune beside the worker: {vs_raw['single_pruned'] / vs_raw['single']:.2f}x "
+                     f"the worker's rate without it (consumer side, same rounds); the pruning "
+                     f"process pruned {beside['during']:,} of the {beside['consumed']:,} "
+                     f"messages consumed while the worker ran ({beside['pruned']:,} in all, "
+                     "once it stopped too); when the worker finished a slice, done messages not "
+                     f"yet pruned: median {beside['backlog_median']:g}, at most "
+                     f"{beside['backlog_max']} of {beside['consumed'] // beside['slices']} per slice"
+                     f"; its longest batch "
+                     f"{beside['longest_s'] * 1000:.1f} ms, waiting for the lock included")
+        if not beside["kept_up"]:
+            lines.append("  the prune did not keep up, so this ratio is not the target's "
+                         "premise: a worker that commits back to back leaves the write lock "
+                         "free only between its transactions, and the pruner's BEGIN IMMEDIATE "
+                         "retries on SQLite's busy handler, which sleeps between tries (up to "
+                         "100 ms): it seldom lands in that gap, and once it holds the lock the "
+                         "worker sleeps the same way")
+    pages = found.get("ack_pages")
+    if pages:
+        lines.append(f"the worker loop's ACK that claims the next message wrote "
+                     f"{', '.join(map(str, pages['fused']))} WAL pages per commit, the last ACK "
+                     f"{', '.join(map(str, pages['last']))} (1 KB pages; every ACK fsynced: "
+                     f"{all(pages['fsynced'])}); schema 2's finish time is in the row the ACK "
+                     "rewrites anyway")
+    space = found.get("pg_space")
+    if space:
+        lines.append(f"PostgreSQL space: {space['events']:,} events of 2 KB processed, then "
+                     "prune(0) and VACUUM (not FULL), then as many events again, pruned and "
+                     "vacuumed (bytes: table, its indexes, total with TOAST)")
+        for table in space["before"]:
+            row = "  ".join(f"{stage} {space[stage][table]['heap']:,}/"
+                            f"{space[stage][table]['indexes']:,}/{space[stage][table]['total']:,}"
+                            for stage in ("before", "after", "again"))
+            lines.append(f"  {table:<12} {row}")
+        total = {stage: sum(t["total"] for t in space[stage].values())
+                 for stage in ("before", "after", "again")}
+        lines.append(f"  every table: before {_mb(total['before'])}, after prune + VACUUM "
+                     f"{_mb(total['after'])} ({total['after'] / total['before']:.2f}), after as "
+                     f"much load again {_mb(total['again'])}: VACUUM makes the space reusable "
+                     "inside the tables, it does not give it back to the file system")
+    moved = found.get("migrate")
+    if moved and "skipped" in moved:
+        lines.append(f"migrate: not measured ({moved['skipped']})")
+    elif moved:
+        for store in ("sqlite", "postgres"):
+            if store not in moved:
+                continue
+            one = moved[store]
+            blocked = "-" if one["blocked_s"] is None else f"{one['blocked_s'] * 1000:.0f} ms"
+            usual = "-" if one["usual_step_s"] is None else f"{one['usual_step_s'] * 1000:.1f} ms"
+            lines.append(f"migrate, {'SQLite' if store == 'sqlite' else 'PostgreSQL'}: "
+                         f"{one['messages']:,} messages written by {moved['engine']} "
+                         f"in {one['seconds'] * 1000:.0f} ms: "
+                         f"{one['waited_s'] * 1000:.0f} ms to begin its step beside the "
+                         f"worker, then its transaction held for {one['held_s'] * 1000:.0f} ms "
+                         f"({'the write lock, for the rebuild of messages' if store == 'sqlite' else 'its ALTER TABLE waits for, then holds, the exclusive lock'}); "
+                         f"a worker of {moved['engine']} running beside it (claim + ACK per "
+                         f"step, usually {usual}) took at most {blocked} for a step that "
+                         f"overlapped that hold, then {one['worker_end']}; this engine "
+                         "finished every message, audited, the money exact")
+    return lines
+
+
 def target_lines(results: dict[str, Any]) -> list[str]:
     """Every target with this run's figure and its verdict (a benchmark reports, it does not gate)."""
     lines = ["", "targets, from this run (floors unless marked <=):",
@@ -247,5 +385,5 @@ def report(results: dict[str, Any]) -> list[str]:
         same = same_work_table(slow, title)
         lines += [""] + same if same else []
     lines += notes(results) + same_work_notes(results) + safety_lines(results) \
-        + target_lines(results)
+        + lifetime_lines(results) + target_lines(results)
     return lines

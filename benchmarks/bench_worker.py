@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import resource
+import time
 from contextlib import ExitStack
 import subprocess
 import sys
@@ -29,7 +30,11 @@ def worker_main() -> None:
     at most ``n`` (its last ACK claims nothing more); ``batch``: ``claim_batch(k)`` + ``complete_batch``
     until nothing is due. Each reply counts the outcomes by kind, and the
     fsync + fdatasync calls the slow-disk shim counted meanwhile (``None``
-    where the shim is not loaded).
+    where the shim is not loaded). ``prune_start`` starts a thread that calls
+    ``Queue.prune(0)`` on its own connection again and again while the
+    consumers run; ``prune_count`` answers how many it pruned so far;
+    ``prune_stop`` stops it, prunes once more (what the
+    consumers finished last) and answers what it did (``Pruner.totals``).
     """
     from queue_core import Handler, Queue
     from queue_core.lab.speed.slowdisk import flush_calls
@@ -37,6 +42,7 @@ def worker_main() -> None:
     queues: dict[tuple[str, str], Queue] = {}
     sessions = ExitStack()  # one connection per queue for the whole run, as a worker keeps it
     handler = Handler()
+    pruner: Pruner | None = None
     for line in sys.stdin:
         cmd = json.loads(line)
         key = (cmd.get("db", ""), cmd.get("sync", "FULL"))
@@ -44,6 +50,15 @@ def worker_main() -> None:
         if cmd["op"] == "open":
             queues[key] = Queue(key[0], synchronous=key[1])
             sessions.enter_context(queues[key].session())
+        elif cmd["op"] == "prune_start":
+            pruner = Pruner(Queue(cmd["db"]))
+        elif cmd["op"] == "prune_count":  # the thread goes on
+            assert pruner is not None
+            reply = {"messages": pruner.messages}
+        elif cmd["op"] == "prune_stop":
+            assert pruner is not None
+            reply = pruner.stop()
+            pruner = None
         elif cmd["op"] == "rss":
             reply = {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
         else:
@@ -53,6 +68,51 @@ def worker_main() -> None:
             reply["flushes"] = None if before is None or after is None else after - before
         print(json.dumps(reply), flush=True)
     sessions.close()
+
+
+class Pruner:
+    """A thread of the pruning process: ``prune(0)`` in a loop, beside the consumers.
+
+    Each call prunes every done message finished by now, in transactions of
+    ``PRUNE_BATCH``; a call that found nothing waits 2 ms before the next.
+    ``longest`` is the longest batch transaction, from ``BEGIN IMMEDIATE`` to
+    its commit: beside running consumers that includes waiting for the write
+    lock, so it is an upper bound of the hold.
+    """
+
+    def __init__(self, queue: Any) -> None:
+        import threading
+
+        self.queue, self.halt = queue, threading.Event()
+        self.messages = self.batches = self.calls = 0
+        self.longest, self.kept = 0.0, 0
+        self.started = time.perf_counter()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _once(self) -> int:
+        done = self.queue.prune(0)
+        self.calls += 1
+        self.messages += done.messages
+        self.batches += done.batches
+        self.kept = len(done.kept)
+        self.longest = max(self.longest, done.longest_batch_seconds)
+        return int(done.messages)
+
+    def _loop(self) -> None:
+        with self.queue.session():
+            while not self.halt.is_set():
+                if not self._once():
+                    self.halt.wait(0.002)
+
+    def stop(self) -> dict[str, Any]:
+        self.halt.set()
+        self.thread.join()
+        during, seconds = self.messages, time.perf_counter() - self.started
+        self._once()  # what the consumers finished after the last call
+        return {"during": during, "messages": self.messages, "batches": self.batches,
+                "calls": self.calls, "longest_s": self.longest, "kept": self.kept,
+                "seconds": seconds}
 
 
 def _work(queue: Any, handler: Any, cmd: dict[str, Any]) -> dict[str, int]:
