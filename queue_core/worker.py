@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import InvalidPayload, LeaseLost, QueueError, TransientError, UnknownEvent
+from .errors import (InvalidPayload, LeaseLost, LockTimeout, QueueError, TransientError,
+                     UnknownEvent)
 from .handler import Handler
 from .queue import Queue
 from .values import Effect, Lease, Outcome
@@ -20,7 +21,10 @@ GivenBack = Callable[[Lease, "LeaseLost | UnknownEvent | None"], None]
 def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
     """Complete one lease, or route its failure: invalid payload dead, transient retried.
 
-    A lost lease is reported as ``lost``, never retried by this worker.
+    A lost lease is reported as ``lost``, never retried by this worker; so is
+    an ACK that waited past ``lock_timeout`` for its message's row (code
+    ``lock_timeout``, PostgreSQL): another transaction is changing that
+    message, and it, or the lease's expiry, settles it.
     """
     try:
         effect = queue.complete(lease, handler)
@@ -28,7 +32,7 @@ def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
         return _fail(queue, lease, exc, permanent=True)
     except TransientError as exc:
         return _fail(queue, lease, exc, permanent=False)
-    except LeaseLost as exc:
+    except (LeaseLost, LockTimeout) as exc:
         return Outcome(lease.event_id, "lost", lease.generation, exc.code, detail=exc.message)
     return Outcome(lease.event_id, "done", lease.generation, effect=effect)
 
@@ -37,7 +41,7 @@ def _fail(queue: Queue, lease: Lease, exc: InvalidPayload | TransientError, *,
           permanent: bool) -> Outcome:
     try:
         outcome = queue.fail(lease, exc.code, permanent=permanent)
-    except LeaseLost as lost:
+    except (LeaseLost, LockTimeout) as lost:
         return Outcome(lease.event_id, "lost", lease.generation, lost.code, detail=lost.message)
     return Outcome(outcome.event_id, outcome.kind, outcome.generation, outcome.code,
                    available_at=outcome.available_at, detail=exc.message)
@@ -67,7 +71,7 @@ def _ack_and_claim(queue: Queue, lease: Lease,
         return _fail(queue, lease, exc, permanent=True), None, True
     except TransientError as exc:
         return _fail(queue, lease, exc, permanent=False), None, True
-    except LeaseLost as exc:
+    except (LeaseLost, LockTimeout) as exc:
         return Outcome(lease.event_id, "lost", lease.generation, exc.code,
                        detail=exc.message), None, True
     return Outcome(lease.event_id, "done", lease.generation, effect=effect), following, False
