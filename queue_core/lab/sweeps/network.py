@@ -82,6 +82,8 @@ class NetRow:
     worker: str
     first_ack: str
     detail: str
+    effects: int = 0                                  # effect rows, wherever written
+    states: tuple[tuple[str, int], ...] = ()          # final count per state, none left out
 
     @property
     def failed(self) -> bool:
@@ -142,7 +144,7 @@ def run_case(server: str, name: str, step: str, fault: str, db: str) -> NetRow:
     first_ack = (f"{after.state.value} at generation {after.generation}, then "
                  f"{final.state.value} at generation {final.generation}")
     return NetRow(name, step, fault, outcome, total, _how_it_ended(worker.returncode, err),
-                  first_ack, detail)
+                  first_ack, detail, len(snap.effect_rows), tuple(snap.status.states.items()))
 
 
 def _start_worker(dsn: str, name: str) -> subprocess.Popen[str]:
