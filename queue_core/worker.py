@@ -22,9 +22,9 @@ def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
     """Complete one lease, or route its failure: invalid payload dead, transient retried.
 
     A lost lease is reported as ``lost``, never retried by this worker; so is
-    an ACK that waited past ``lock_timeout`` for its message's row (code
-    ``lock_timeout``, PostgreSQL): another transaction is changing that
-    message, and it, or the lease's expiry, settles it.
+    an ACK that waited past PostgreSQL's lock timeout for its message's row
+    (the outcome's code says lock_timeout): another transaction is changing
+    that message, and it, or the lease's expiry, settles it.
     """
     try:
         effect = queue.complete(lease, handler)

@@ -4,12 +4,17 @@ A worker killed at every crash point, per protocol (``sweep``); many
 workers killed at random while they drain (``stress``); every prefix of the
 WAL a power cut can leave (``powerloss``, which reads frames with ``wal``);
 every schedule of a small scenario, model-checked on the real engine
-(``explore``, its steps in ``schedule``). Each run is judged by the audit.
+(``explore``, its steps in ``schedule``); a worker's PostgreSQL connection
+broken at every step (``network``, through ``servers.faultproxy``) and a
+worker stalled mid-transaction (``hostage``). Each run is judged by the audit.
 
     from queue_core.lab.sweeps import plot_sweep, run_sweep, sweep_frame
 """
 
 from .explore import Exploration, explore, plot_state_space, replay
+from .hostage import HostageRun, hold_hostage
+from .network import (FAULTS as NETWORK_FAULTS, STEPS as NETWORK_STEPS, NetRow, network_frame,
+                      plot_network_sweep, run_network_sweep)
 from .powerloss import PowerLossReport, plot_powerloss, powerloss_frame, run_powerloss
 from .schedule import DEFAULT, FINISH, HANDOFF, SMALL, Scenario, Step
 from .stress import MAX_CRASH_AFTER, StressReport, run_stress
@@ -18,8 +23,10 @@ from .sweep import (ACCEPT, BATCH, EXPECTED_DEAD, EXPECTED_DONE, EXPECTED_TOTAL,
                     run_to_completion, sweep_frame)
 
 __all__ = ["ACCEPT", "BATCH", "DEFAULT", "EXPECTED_DEAD", "EXPECTED_DONE", "EXPECTED_TOTAL",
-           "FAULTS", "FINISH", "HANDOFF", "MAX_CRASH_AFTER", "SCHEDULES", "SMALL", "STEPS",
-           "Exploration", "PowerLossReport", "Scenario", "Step", "StressReport", "SweepRow",
+           "FAULTS", "FINISH", "HANDOFF", "MAX_CRASH_AFTER", "NETWORK_FAULTS", "NETWORK_STEPS",
+           "SCHEDULES", "SMALL", "STEPS", "Exploration", "HostageRun", "NetRow",
+           "PowerLossReport", "hold_hostage", "network_frame", "plot_network_sweep",
+           "run_network_sweep", "Scenario", "Step", "StressReport", "SweepRow",
            "audit", "current_handler", "explore", "plot_powerloss", "plot_state_space",
            "plot_sweep", "powerloss_frame", "replay", "run_powerloss", "run_stress", "run_sweep",
            "run_to_completion", "sweep_frame"]
