@@ -27,7 +27,7 @@ the server a stalled client, since the proxy's own kernel still answers);
 
 Every loop is bounded: each read waits at most ``POLL_SECONDS``, the proxy
 ends every connection and stops by itself after ``lifetime`` seconds, takes
-at most ``max_connections`` and forwards at most ``MAX_MESSAGES`` per
+at most ``max_connections`` and forwards at most ``MAX_READS`` reads per
 connection.
 
     with FaultProxy(server_dsn, Fault("cut", reply="COMMIT")) as proxy:
@@ -46,7 +46,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 ACTIONS = ("cut", "reset", "blackhole", "delay")
 POLL_SECONDS = 0.05
-MAX_MESSAGES = 1_000_000
+MAX_READS = 1_000_000
 MAX_FRAME = 1 << 26  # larger than any message the queue sends or receives
 SSL_REQUEST, GSS_REQUEST, CANCEL_REQUEST = 80877103, 80877104, 80877102
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -197,6 +197,9 @@ class _Link:
         self.proxy = proxy
         self.client = client
         self.server = _connect(proxy.upstream)
+        for sock in (client, self.server):
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.state = "open"  # open, blackhole, closed
         self.prepared: dict[str, str] = {}  # statement name -> SQL, for a Bind without Parse
         self.parsed_last = False
@@ -233,7 +236,7 @@ class _Link:
         frames = _Frames(startup=from_client)
         source.settimeout(POLL_SECONDS)
         forwarded = 0
-        while self.state != "closed" and self.proxy.running() and forwarded < MAX_MESSAGES:
+        while self.state != "closed" and self.proxy.running() and forwarded < MAX_READS:
             try:
                 data = source.recv(65536)
             except TimeoutError:
@@ -245,34 +248,41 @@ class _Link:
             if self.state == "blackhole":
                 continue  # dropped, as a network that lost it
             try:
-                for message in frames.feed(data):
-                    if not self._forward(message, sink, source, from_client):
-                        return
-                    forwarded += 1
+                if not self._forward_all(frames.feed(data), sink, source, from_client):
+                    return
+                forwarded += 1
             except (OSError, ValueError):
                 break
         if self.state == "blackhole":
             self._wait_out_blackhole()
         self.close()
 
-    def _forward(self, message: bytes, sink: socket.socket, source: socket.socket,
-                 from_client: bool) -> bool:
-        """Send one message on, unless the fault acts on it; ``False`` once closed."""
-        if from_client and message == b"SSL-or-GSS":
-            source.sendall(b"N")  # no encryption: the client goes on in clear text
-            return True
-        moment = _moment(message, from_client, self)
-        if moment is not None and self.proxy.matches(*moment):
-            return self._act(message, sink)
-        sink.sendall(message)
+    def _forward_all(self, messages: list[bytes], sink: socket.socket, source: socket.socket,
+                     from_client: bool) -> bool:
+        """Send the messages of one read on, in one write (small writes one by
+        one would wait on each other's acknowledgements), up to the one the
+        fault acts on; ``False`` once the link is closed."""
+        out = bytearray()
+        for message in messages:
+            if from_client and message == b"SSL-or-GSS":
+                source.sendall(b"N")  # no encryption: the client goes on in clear text
+                continue
+            moment = _moment(message, from_client, self)
+            if moment is not None and self.proxy.matches(*moment):
+                sink.sendall(out)  # what came before the moment arrives
+                if not self._act():
+                    return False
+                out = bytearray()  # a delay is over: this message and the rest go on
+            out += message
+        sink.sendall(out)
         return True
 
-    def _act(self, message: bytes, sink: socket.socket) -> bool:
+    def _act(self) -> bool:
+        """Do what the fault says, at its moment; ``False`` once the link is closed."""
         fault = self.proxy.fault
         assert fault is not None
         if fault.action == "delay":
             _sleep_while(fault.seconds, self.proxy.held)
-            sink.sendall(message)
             return True
         if fault.action == "blackhole":
             self.state = "blackhole"

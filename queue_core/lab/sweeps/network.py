@@ -3,7 +3,7 @@
 Like the crash sweep (``sweep``), for each protocol, each step of a worker's
 conversation with PostgreSQL and each fault, ``run_network_sweep`` enqueues
 the crash sweep's five events in a fresh schema and starts a real worker
-process (``python -m queue_core.lab.sweeps.network``) whose connection goes
+process (``python -m queue_core.lab.sweeps.networker``) whose connection goes
 through a ``FaultProxy``. The proxy breaks it at the step (``STEPS``); the
 worker ends as it must (the protocol's with one ``connection_lost`` line);
 then a fresh worker runs the queue to completion on the model clock, and
@@ -39,8 +39,6 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ... import audit as ledger_audit
 from ...clock import ModelClock
-from ...errors import ConnectionLost
-from ...worker import drain
 from ..servers.faultproxy import Fault, FaultProxy
 from ..servers.pgcases import Schemas
 from ..story.contrasts import NETWORK_PROTOCOLS, PROTOCOLS, create_ledger, protocol
@@ -67,7 +65,7 @@ PROTOCOL_NAMES = (*PROTOCOLS, *NETWORK_PROTOCOLS)
 BLACKHOLE_SECONDS = 0.5   # then the proxy cuts: the worker's wait ends
 DELAY_SECONDS = 20.0      # the longest a delay holds; released once the other worker claimed
 CASE_SECONDS = 60.0       # the longest a faulted worker may run
-LOST_EXIT = 3             # the worker's exit status after one connection_lost line
+LOST_EXIT = 3  # the worker's exit status after one connection_lost line (networker)
 
 
 @dataclass(frozen=True)
@@ -151,7 +149,7 @@ def _start_worker(dsn: str, name: str) -> subprocess.Popen[str]:
     parent = str(Path(__file__).resolve().parents[3])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [parent, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    return subprocess.Popen([sys.executable, "-m", "queue_core.lab.sweeps.network",
+    return subprocess.Popen([sys.executable, "-m", "queue_core.lab.sweeps.networker",
                              json.dumps({"db": dsn, "protocol": name})], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -221,20 +219,3 @@ def plot_network_sweep(rows: Sequence[NetRow],
               bbox_to_anchor=(1.01, 1.0), title="outcome", frameon=False)
     fig.tight_layout()
     return fig
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The worker of one case: drain through the proxy; one line if the connection is lost."""
-    spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
-    queue = protocol(spec["protocol"]).open(spec["db"], clock=ModelClock(START),
-                                            lease_seconds=LEASE_SECONDS)
-    try:
-        drain(queue, current_handler(), on_outcome=lambda outcome: print(outcome, flush=True))
-    except ConnectionLost as lost:
-        print(f"error: connection_lost: {lost}", file=sys.stderr)
-        return LOST_EXIT
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
