@@ -17,9 +17,9 @@ Importing either does not import pandas or matplotlib.
 from .clock import Clock, ModelClock, SystemClock
 from .crashpoints import CRASH_EXIT_CODE
 from .audit import Finding, Snapshot
-from .errors import (BatchConflict, BatchRejected, IntegrityViolation, InvalidPayload,
-                     LeaseLost, NotRedrivable, QueueError, TransientError, UnknownEvent,
-                     UnusableFile)
+from .errors import (BatchConflict, BatchRejected, ConnectionLost, IntegrityViolation,
+                     InvalidPayload, LeaseLost, LockTimeout, NotRedrivable, QueueError,
+                     TransientError, UnknownEvent, UnusableFile)
 from .handler import DEFAULT_CATEGORIES, Handler
 from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
 from .queue import Queue, backoff_seconds
@@ -31,9 +31,9 @@ __version__ = "1.1.0"
 
 __all__ = [
     "Finding", "Snapshot", "UnusableFile",
-    "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "DEFAULT_CATEGORIES",
-    "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation", "InvalidPayload",
-    "Lease", "LeaseLost", "Message", "Metrics", "ModelClock", "NotRedrivable", "Outcome", "Queue",
+    "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "ConnectionLost",
+    "DEFAULT_CATEGORIES", "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation",
+    "InvalidPayload", "Lease", "LeaseLost", "LockTimeout", "Message", "Metrics", "ModelClock", "NotRedrivable", "Outcome", "Queue",
     "QueueError", "State", "Status", "SystemClock", "TransientError", "Transition",
     "UnknownEvent", "backoff_seconds", "canonical_json", "drain", "finish", "parse_batch",
     "process_one", "read_batch",
