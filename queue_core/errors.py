@@ -127,11 +127,11 @@ CONNECTION_LOST_OUTCOME = (
 
 
 class ConnectionLost(QueueError):
-    """The connection to a PostgreSQL server broke, or the server ended the
-    session (a restart, a terminated backend, a network drop, one of the
-    session's timeouts), while a transaction may have been in flight.
+    """A PostgreSQL session ended under a call, its transaction's outcome unknown.
 
-    Its outcome is unknown: the COMMIT may have taken effect without the
+    The connection broke, or the server ended the session (a restart, a
+    terminated backend, a network drop, one of the session's timeouts),
+    while a transaction may have been in flight. Its outcome is unknown: the COMMIT may have taken effect without the
     answer coming back. ``str()`` is one line that says so, and that the
     queue settles it (``CONNECTION_LOST_OUTCOME``). ``where`` names the
     server, ``detail`` is the driver's own words on one line.
@@ -146,9 +146,10 @@ class ConnectionLost(QueueError):
 
 
 class LockTimeout(QueueError):
-    """A statement waited longer than the session's ``lock_timeout`` for a
-    lock another transaction holds; this transaction was rolled back whole
-    (its outcome is known: nothing of it committed).
+    """A statement waited past the session's lock timeout, and its transaction rolled back.
+
+    The lock was held by another transaction; the outcome of this one is
+    known: nothing of it committed.
 
     A worker reports the message as ``lost`` with this code and goes on with
     the next: the transaction holding the lock settles the message, or its

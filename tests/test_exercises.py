@@ -395,6 +395,11 @@ def anchors() -> set[str]:
     return set(re.findall(r'<a id="([A-Za-z0-9_-]+)"></a>', EXERCISES_MD))
 
 
+# Numbers given to exercises that are not in this package yet (a gap the text
+# and the notebook leave open on purpose); each fails this test once it lands.
+NOT_YET = {8}
+
+
 def sections() -> dict[int, str]:
     parts = EXERCISES_MD.split("\n## Exercise ")[1:]
     return {int(part.split(":", 1)[0]): part for part in parts}
@@ -402,7 +407,8 @@ def sections() -> dict[int, str]:
 
 def test_exercises_md_has_a_section_per_check_each_with_goal_why_start_hints_and_solved() -> None:
     found = sections()
-    assert NUMBERS == list(range(1, len(NUMBERS) + 1)) and len(NUMBERS) >= 7
+    assert NUMBERS == [n for n in range(1, max(NUMBERS) + 1) if n not in NOT_YET] \
+        and len(NUMBERS) >= 7
     assert sorted(found) == NUMBERS
     for number, text in found.items():
         for part in ("Goal.", "Why it matters.", "Where to start.", "Solved means:"):

@@ -52,3 +52,8 @@ __all__ = [
 from .inbox import TakeoverRun, check_7, run_takeover_7, start_7  # noqa: E402
 
 __all__ += ["TakeoverRun", "check_7", "run_takeover_7", "start_7"]
+
+# Exercise 9 (what a worker does after a lost connection, notebook 14).
+from .lostconn import CutRun, check_9, run_after_cut_9, start_9  # noqa: E402
+
+__all__ += ["CutRun", "check_9", "run_after_cut_9", "start_9"]
