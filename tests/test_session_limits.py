@@ -146,3 +146,70 @@ def test_a_long_handler_that_keeps_its_lease_by_heartbeat_outlives_every_session
     assert audit.check(final) == []
     assert (final.status.effects, final.money, final.messages["E0001"].state,
             final.messages["E0001"].generation) == (1, 700, "done", 1)
+
+
+# ``queue-core work`` whose ACK of the first message meets that message's row
+# held by another transaction (as a claim recovering the lease would hold it),
+# armed at the ACK's effect INSERT (argv: dsn, then work's own arguments).
+HELD_ROW_WORKER = """
+import sys, threading
+import psycopg
+import queue_core.crashpoints as crashpoints
+
+dsn = sys.argv[1]
+locked = threading.Event()
+
+def hold_the_row():
+    with psycopg.connect(dsn) as other:  # one transaction, rolled back at the end
+        other.execute("SELECT 1 FROM messages WHERE event_id = 'E0001' FOR NO KEY UPDATE")
+        locked.set()
+        threading.Event().wait(2.0)  # longer than the worker's lock_timeout, then let go
+
+def take_the_row():  # every arrival at the armed point comes here: act at the first only
+    crashpoints.arm(None)
+    threading.Thread(target=hold_the_row).start()
+    if not locked.wait(10):
+        sys.exit("the other transaction never took the row")
+
+crashpoints._arrive = take_the_row
+crashpoints.arm("complete_and_claim.after_insert")
+from queue_core.cli import main
+sys.exit(main(["--db", dsn, *sys.argv[2:]]))
+"""
+
+
+def test_a_worker_whose_ack_waits_past_lock_timeout_reports_it_lost_and_finishes_the_rest(
+        pg_dsn: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    Queue(pg_dsn, clock=ModelClock(1000)).enqueue_jsonl("\n".join(json.dumps(
+        {"event_id": f"E000{n}", "payload": {"category": "book", "amount_cents": n * 100}})
+        for n in (1, 2, 3)))
+    dsn = with_lock_timeout(pg_dsn, milliseconds=300)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    cut = subprocess.run([sys.executable, "-c", HELD_ROW_WORKER, dsn, "--now", "1000", "work",
+                          "--lease-seconds", "30"], capture_output=True, text=True, timeout=120,
+                         env=env)
+
+    assert (cut.returncode, cut.stderr) == (0, ""), cut.stderr
+    lines = cut.stdout.splitlines()
+    assert lines[0].startswith("E0001 lost (generation 1): lock_timeout: ")
+    assert [line.split(" (")[0] for line in lines[1:3]] == ["E0002 done", "E0003 done"]
+    during = audit.snapshot(pg_dsn)
+    assert audit.check(during) == []
+    assert (during.status.effects, during.money, during.messages["E0001"].state.value) == (
+        2, 500, "leased")  # nothing of the refused ACK committed; its lease runs out
+
+    later = subprocess.run([sys.executable, "-m", "queue_core", "--db", pg_dsn, "--now", "1030",
+                            "work"], capture_output=True, text=True, timeout=120, env=env)
+
+    assert later.returncode == 0 and later.stdout.startswith("E0001 done (generation 2)")
+    final = audit.snapshot(pg_dsn)
+    assert audit.check(final) == []
+    assert (final.status.effects, final.money, dict(final.status.states)) == (
+        3, 600, {"ready": 0, "leased": 0, "done": 3, "dead": 0})

@@ -51,7 +51,11 @@ STOPPING_WORKER = """
 import os, signal, sys
 import queue_core.crashpoints as crashpoints
 
-crashpoints._arrive = lambda: os.kill(os.getpid(), signal.SIGSTOP)
+def stop_here():  # the first arrival only: disarm, then stop this process
+    crashpoints.arm(None)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+crashpoints._arrive = stop_here
 crashpoints.arm("complete_and_claim.after_recheck")
 from queue_core.cli import main
 sys.exit(main(sys.argv[1:]))
