@@ -108,7 +108,7 @@ def drain(queue: Queue, handler: Handler, *, batch_size: int = 1,
     ``KeyboardInterrupt``, a database error, a bug in the handler) rolls
     that ACK back; its lease is given back too, then the exception goes on
     (a batch's ACK that waits past PostgreSQL's lock timeout is one of them:
-    the whole batch is rolled back, and ``LockTimeout`` ends the loop).
+    the whole batch is rolled back, and that error ends the loop).
     A lease that can no longer be given back is no error of the stop: its
     deadline passed and a claim recovered it or handed it to another worker
     meanwhile. ``on_given_back(lease, lost)`` hears of every lease given back
