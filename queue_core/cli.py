@@ -295,7 +295,7 @@ def _is_connection_lost(exc: Exception) -> bool:
     terminated backend, a network drop), as opposed to a refused statement."""
     if sys.modules.get("psycopg") is None:
         return False
-    from .postgres import session_ended
+    from .pgsession import session_ended
     return session_ended(exc)
 
 

@@ -107,9 +107,8 @@ def a_stop_gives_back_what_was_claimed_ahead() -> None:
 
 
 def postgres_sessions_bound_lock_waits_and_stalled_transactions() -> None:
-    from queue_core.postgres import (SESSION_SETTINGS, TRANSACTION_TIMEOUT_SINCE,
-                                     _session_options)
-    options = _session_options("")
+    from queue_core.pgsession import SESSION_SETTINGS, TRANSACTION_TIMEOUT_SINCE, session_options
+    options = session_options("")
     assert "-c lock_timeout=" in options and "-c idle_in_transaction_session_timeout=" in options
     assert "-c tcp_keepalives_idle=" in options and SESSION_SETTINGS["tcp_user_timeout"]
     assert TRANSACTION_TIMEOUT_SINCE == 170000  # transaction_timeout is set where it exists

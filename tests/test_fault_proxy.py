@@ -16,8 +16,9 @@ import pytest
 
 from queue_core.errors import ConnectionLost
 from queue_core.lab.servers.faultproxy import Fault, FaultProxy
-from queue_core.postgres import (KEEPALIVE_COUNT, KEEPALIVE_IDLE_SECONDS,
-                                 KEEPALIVE_INTERVAL_SECONDS, TCP_USER_TIMEOUT_MS, PostgresStore)
+from queue_core.pgsession import (KEEPALIVE_COUNT, KEEPALIVE_IDLE_SECONDS,
+                                  KEEPALIVE_INTERVAL_SECONDS, TCP_USER_TIMEOUT_MS)
+from queue_core.postgres import PostgresStore
 
 
 def wait_until(condition, seconds: float = 10.0) -> bool:  # type: ignore[no-untyped-def]

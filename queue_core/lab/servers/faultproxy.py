@@ -234,7 +234,11 @@ class _Link:
 
     def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
         frames = _Frames(startup=from_client)
-        source.settimeout(POLL_SECONDS)
+        try:
+            source.settimeout(POLL_SECONDS)
+        except OSError:  # the other direction has closed the link already
+            self.close()
+            return
         forwarded = 0
         while self.state != "closed" and self.proxy.running() and forwarded < MAX_READS:
             try:
