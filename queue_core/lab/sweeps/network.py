@@ -3,7 +3,7 @@
 Like the crash sweep (``sweep``), for each protocol, each step of a worker's
 conversation with PostgreSQL and each fault, ``run_network_sweep`` enqueues
 the crash sweep's five events in a fresh schema and starts a real worker
-process (``python -m queue_core.lab.sweeps.networker``) whose connection goes
+process (``queue_core.lab.story.child``, the crash sweep's) whose connection goes
 through a ``FaultProxy``. The proxy breaks it at the step (``STEPS``); the
 worker ends as it must (the protocol's with one ``connection_lost`` line);
 then a fresh worker runs the queue to completion on the model clock, and
@@ -27,23 +27,20 @@ the lost connection: there the money doubles.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ... import audit as ledger_audit
 from ...clock import ModelClock
 from ..servers.faultproxy import Fault, FaultProxy
 from ..servers.pgcases import Schemas
+from ..story.child import LOST_EXIT_CODE, run_child
 from ..story.contrasts import NETWORK_PROTOCOLS, PROTOCOLS, create_ledger, protocol
 from ..story.scenario import LEASE_SECONDS, START
-from .sweep import BATCH, classify, current_handler, run_to_completion
+from .sweep import ACCEPT, BATCH, FAULTS as SWEEP_FAULTS, classify, current_handler, run_to_completion
 
 if TYPE_CHECKING:
     import pandas
@@ -65,7 +62,7 @@ PROTOCOL_NAMES = (*PROTOCOLS, *NETWORK_PROTOCOLS)
 BLACKHOLE_SECONDS = 0.5   # then the proxy cuts: the worker's wait ends
 DELAY_SECONDS = 20.0      # the longest a delay holds; released once the other worker claimed
 CASE_SECONDS = 60.0       # the longest a faulted worker may run
-LOST_EXIT = 3  # the worker's exit status after one connection_lost line (networker)
+LOST_EXIT = LOST_EXIT_CODE  # the worker's exit status after one connection_lost line
 
 
 @dataclass(frozen=True)
@@ -146,12 +143,9 @@ def run_case(server: str, name: str, step: str, fault: str, db: str) -> NetRow:
 
 
 def _start_worker(dsn: str, name: str) -> subprocess.Popen[str]:
-    parent = str(Path(__file__).resolve().parents[3])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [parent, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    return subprocess.Popen([sys.executable, "-m", "queue_core.lab.sweeps.networker",
-                             json.dumps({"db": dsn, "protocol": name})], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """The crash sweep's worker process, armed nowhere: the worker loop (``drain``)."""
+    return run_child(dsn, now=START, lease_seconds=LEASE_SECONDS, mode="drain",  # type: ignore[return-value]
+                     accept=ACCEPT, protocol=name, faults=SWEEP_FAULTS, wait=False)
 
 
 def _take_over_while_held(proxy: FaultProxy, worker: subprocess.Popen[str], other: object) -> None:
@@ -169,7 +163,9 @@ def _take_over_while_held(proxy: FaultProxy, worker: subprocess.Popen[str], othe
 
 
 def _how_it_ended(code: int | None, err: str) -> str:
-    lines = err.strip().splitlines()
+    # Python's own note that ``-m`` runs a module its package imported already
+    # (story's __init__ names the child) is the interpreter's, not the worker's
+    lines = [line for line in err.strip().splitlines() if not line.startswith("<frozen runpy>")]
     if code == 0 and not lines:
         return "finished"
     if code == LOST_EXIT and len(lines) == 1 and lines[0].startswith("error: connection_lost:"):
