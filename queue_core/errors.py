@@ -131,10 +131,11 @@ class ConnectionLost(QueueError):
 
     The connection broke, or the server ended the session (a restart, a
     terminated backend, a network drop, one of the session's timeouts),
-    while a transaction may have been in flight. Its outcome is unknown: the COMMIT may have taken effect without the
-    answer coming back. ``str()`` is one line that says so, and that the
-    queue settles it (``CONNECTION_LOST_OUTCOME``). ``where`` names the
-    server, ``detail`` is the driver's own words on one line.
+    while a transaction may have been in flight. Its outcome is unknown:
+    the COMMIT may have taken effect without the answer coming back.
+    ``str()`` is one line that says so, and that the queue settles it
+    (``CONNECTION_LOST_OUTCOME``). ``where`` names the server, ``detail``
+    is the driver's own words on one line.
     """
 
     code = "connection_lost"

@@ -196,7 +196,8 @@ def _lost(world: Snapshot, found: Findings) -> None:
     """A message given up whose ACK may never have committed: its money lost."""
     dead = sorted(e for e, m in world.messages.items() if m.state == "dead")
     if dead:
-        found.add(f"{', '.join(dead)} dead ({', '.join(str(world.messages[e].last_error) for e in dead)}): "
+        reasons = ", ".join(str(world.messages[e].last_error) for e in dead)
+        found.add(f"{', '.join(dead)} dead ({reasons}): "
                   "your function gave up a message whose ACK may never have committed, and "
                   "its money is lost", "do not fail a message after a lost connection: its "
                   "outcome is unknown, and the queue settles it")

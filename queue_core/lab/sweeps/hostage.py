@@ -38,7 +38,7 @@ from ...pgsession import TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE
 from ...queue import Queue
 from ..servers.faultproxy import Fault, FaultProxy
 from ..servers.postgres_server import drop_schema, fresh_schema
-from .network import _ACK, _CLAIM
+from .network import ACK_STATEMENT, CLAIM_STATEMENT
 
 EVENT = {"event_id": "E0001", "payload": {"category": "book", "amount_cents": 700}}
 LEASE = 30
@@ -101,7 +101,7 @@ def hold_hostage(server: str, how: str = "blackhole", *,
         worker_db = _with_option(db, f"-c transaction_timeout={limit}")
     watch = watch_seconds if watch_seconds is not None else (bound + 3 if bound else 3.0)
     victim = f"hostage-{uuid.uuid4().hex[:10]}"
-    proxy = (FaultProxy(server, Fault("blackhole", statement=_CLAIM, after=_ACK,
+    proxy = (FaultProxy(server, Fault("blackhole", statement=CLAIM_STATEMENT, after=ACK_STATEMENT,
                                       seconds=60), lifetime=watch + 60)
              if how == "blackhole" else None)
     worker = _start(proxy.dsn(worker_db) if proxy else worker_db, victim, how)

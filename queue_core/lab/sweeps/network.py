@@ -35,27 +35,31 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ... import audit as ledger_audit
 from ...clock import ModelClock
+from ...queue import Queue
 from ..servers.faultproxy import Fault, FaultProxy
 from ..servers.pgcases import Schemas
 from ..story.child import LOST_EXIT_CODE, run_child
 from ..story.contrasts import NETWORK_PROTOCOLS, PROTOCOLS, create_ledger, protocol
 from ..story.scenario import LEASE_SECONDS, START
-from .sweep import ACCEPT, BATCH, FAULTS as SWEEP_FAULTS, classify, current_handler, run_to_completion
+from .sweep import (ACCEPT, BATCH, FAULTS as SWEEP_FAULTS, classify, current_handler,
+                    run_to_completion)
 
 if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
 
-_ACK = "SET state = 'done'"
-_CLAIM = "SET state = 'leased'"
+# The statements the faults are placed by: the ACK's guarded UPDATE, and a claim.
+ACK_STATEMENT = "SET state = 'done'"
+CLAIM_STATEMENT = "SET state = 'leased'"
 # Each step: where the proxy acts, as the wire protocol shows it.
 STEPS: dict[str, dict[str, str]] = {
-    "claim": {"statement": _CLAIM},                          # during the first claim
+    "claim": {"statement": CLAIM_STATEMENT},                        # during the first claim
     "effect.insert": {"statement": "category, amount_cents) VALUES"},  # the first effect
-    "ack.update": {"statement": _ACK},                       # the ACK's guarded UPDATE
-    "ack.claim_next": {"statement": _CLAIM, "after": _ACK},  # between the ACK's round trips
-    "commit.sent": {"statement": "COMMIT", "after": _ACK},   # before the ACK's COMMIT arrives
-    "commit.answered": {"reply": "COMMIT", "after": _ACK},   # committed, the answer withheld
+    "ack.update": {"statement": ACK_STATEMENT},                     # the ACK's guarded UPDATE
+    "ack.claim_next": {"statement": CLAIM_STATEMENT,                # between the ACK's round
+                       "after": ACK_STATEMENT},                     # trips: its claim of the next
+    "commit.sent": {"statement": "COMMIT", "after": ACK_STATEMENT},  # before the COMMIT arrives
+    "commit.answered": {"reply": "COMMIT", "after": ACK_STATEMENT},  # committed, answer withheld
 }
 FAULTS = ("cut", "reset", "blackhole", "delay")
 PROTOCOL_NAMES = (*PROTOCOLS, *NETWORK_PROTOCOLS)
@@ -144,11 +148,13 @@ def run_case(server: str, name: str, step: str, fault: str, db: str) -> NetRow:
 
 def _start_worker(dsn: str, name: str) -> subprocess.Popen[str]:
     """The crash sweep's worker process, armed nowhere: the worker loop (``drain``)."""
-    return run_child(dsn, now=START, lease_seconds=LEASE_SECONDS, mode="drain",  # type: ignore[return-value]
-                     accept=ACCEPT, protocol=name, faults=SWEEP_FAULTS, wait=False)
+    worker = run_child(dsn, now=START, lease_seconds=LEASE_SECONDS, mode="drain",
+                       accept=ACCEPT, protocol=name, faults=SWEEP_FAULTS, wait=False)
+    assert isinstance(worker, subprocess.Popen)  # wait=False: the running process
+    return worker
 
 
-def _take_over_while_held(proxy: FaultProxy, worker: subprocess.Popen[str], other: object) -> None:
+def _take_over_while_held(proxy: FaultProxy, worker: subprocess.Popen[str], other: Queue) -> None:
     """While the delay holds the worker's message, another worker claims at a
     model time past every lease (recovering the held one's, if its row is
     not locked); then the message goes on."""
@@ -157,7 +163,7 @@ def _take_over_while_held(proxy: FaultProxy, worker: subprocess.Popen[str], othe
         if worker.poll() is not None or time.monotonic() > deadline:
             return
     try:
-        other.claim()  # type: ignore[attr-defined]
+        other.claim()
     finally:
         proxy.release()
 
