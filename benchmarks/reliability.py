@@ -35,6 +35,9 @@ Last, the same crash sweep (every protocol) and the stress run (4 processes
 x 1000 events) on PostgreSQL: on ``QUEUE_CORE_PG_DSN`` if set, else on a
 private server (``queue_core.lab.private_postgres``) stopped at the end
 (skipped, and said so, when neither is available). Each case gets a fresh schema.
+Then the network sweep on the same server: every step of a worker's conversation
+with it times every fault of the fault proxy, per protocol, judged by the audit;
+it fails if the protocol's column is not clean, or a broken protocol is not caught.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from queue_core.lab.servers.postgres_server import NoPostgres, private_postgres 
 from queue_core.lab.lifetime import (ENGINES, NoHistory, migration_frame,  # noqa: E402
                                      sweep_every_engine)
 from queue_core.lab.sweeps.powerloss import run_lifetime_powerloss, run_powerloss  # noqa: E402
+from queue_core.lab.sweeps.network import network_frame, run_network_sweep  # noqa: E402
 from queue_core.lab.sweeps.stress import run_stress  # noqa: E402
 from queue_core.lab.sweeps.sweep import (SCHEDULES, STEPS, SweepRow, run_lifetime_sweep,  # noqa: E402
                                          run_sweep, sweep_frame)
@@ -207,6 +211,20 @@ def postgres_section(problems: list[str], stress: list[tuple[int, int, int]]) ->
         print(f"on {dsn.split('@')[-1]}")
         sweep_section(problems, later_arrivals=1, db=dsn)
         stress_section(stress, problems, dsn)
+        timed("PostgreSQL: network sweep (outcome per step, fault and protocol)",
+              lambda: network_section(problems, dsn))
+
+
+def network_section(problems: list[str], dsn: str) -> None:
+    rows = run_network_sweep(dsn, jobs=2)
+    print(network_frame(rows).to_string())
+    problems.extend(f"network sweep: protocol, {r.step} / {r.fault}: {r.outcome} ({r.detail})"
+                    for r in rows if r.protocol == "protocol" and r.failed)
+    for name in dict.fromkeys(r.protocol for r in rows if r.protocol != "protocol"):
+        caught = [f"{r.step} / {r.fault}" for r in rows if r.protocol == name and r.failed]
+        print(f"{name}: caught at {', '.join(caught) or 'no step'}")
+        if not caught:
+            problems.append(f"the network sweep did not catch the broken protocol {name!r}")
 
 
 def migration_section(problems: list[str]) -> None:

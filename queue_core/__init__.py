@@ -17,9 +17,9 @@ Importing either does not import pandas or matplotlib.
 from .clock import Clock, ModelClock, SystemClock
 from .crashpoints import CRASH_EXIT_CODE
 from .audit import Finding, Snapshot
-from .errors import (BatchConflict, BatchRejected, IntegrityViolation, InvalidPayload,
-                     LeaseLost, NotRedrivable, QueueError, TransientError, UnknownEvent,
-                     UnusableFile)
+from .errors import (BatchConflict, BatchRejected, ConnectionLost, IntegrityViolation,
+                     InvalidPayload, LeaseLost, LockTimeout, NotRedrivable, QueueError,
+                     TransientError, UnknownEvent, UnusableFile)
 from .handler import DEFAULT_CATEGORIES, Handler
 from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
 from .migrations import Migration, migrate
@@ -33,10 +33,10 @@ __version__ = "1.1.0"
 
 __all__ = [
     "Finding", "Snapshot", "UnusableFile",
-    "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "DEFAULT_CATEGORIES",
-    "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation", "InvalidPayload",
-    "Lease", "LeaseLost", "Message", "Metrics", "Migration", "ModelClock", "NotRedrivable",
-    "Outcome", "Pruned", "Queue", "QueueError", "State", "Status", "SystemClock",
-    "TransientError", "Transition", "UnknownEvent", "backoff_seconds", "canonical_json", "drain",
-    "finish", "migrate", "parse_batch", "process_one", "read_batch",
+    "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "ConnectionLost",
+    "DEFAULT_CATEGORIES", "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation",
+    "InvalidPayload", "Lease", "LeaseLost", "LockTimeout", "Message", "Metrics", "Migration",
+    "ModelClock", "NotRedrivable", "Outcome", "Pruned", "Queue", "QueueError", "State",
+    "Status", "SystemClock", "TransientError", "Transition", "UnknownEvent", "backoff_seconds",
+    "canonical_json", "drain", "finish", "migrate", "parse_batch", "process_one", "read_batch",
 ]

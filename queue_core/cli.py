@@ -42,7 +42,7 @@ from typing import Any, Iterator, Sequence
 from . import __version__
 from .cli_text import CONNECTION_LOST_OUTCOME, metrics_lines, status_lines, work_summary
 from .clock import Clock, ModelClock, SystemClock
-from .errors import IntegrityViolation, QueueError, UnusableFile
+from .errors import ConnectionLost, IntegrityViolation, LockTimeout, QueueError, UnusableFile
 from .handler import Handler
 from .ingest import read_batch
 from .migrations import migrate
@@ -144,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         print(f"error: output_failed: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_OPERATIONAL
-    except (IntegrityViolation, UnusableFile) as exc:  # the file, not the input, is the problem
+    except (IntegrityViolation, UnusableFile, ConnectionLost, LockTimeout) as exc:
+        # the file, the server or the network, not the input, is the problem
         print(f"error: {exc.code}: {exc}", file=sys.stderr)
         return EXIT_OPERATIONAL
     except QueueError as exc:
@@ -308,12 +309,10 @@ def _is_database_error(exc: Exception) -> bool:
 def _is_connection_lost(exc: Exception) -> bool:
     """A PostgreSQL connection that broke under the command (a restart, a
     terminated backend, a network drop), as opposed to a refused statement."""
-    psycopg = sys.modules.get("psycopg")
-    if psycopg is None or not isinstance(exc, psycopg.OperationalError):
+    if sys.modules.get("psycopg") is None:
         return False
-    # no SQLSTATE: the client lost the socket; 08: connection exception;
-    # 57P: the server is shutting down or ended this session
-    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
+    from .pgsession import session_ended
+    return session_ended(exc)
 
 
 def _one_line(exc: Exception) -> str:

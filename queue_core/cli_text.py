@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
+from .errors import CONNECTION_LOST_OUTCOME  # noqa: F401 - re-exported for the CLI
 from .values import Metrics, Status
 
 
@@ -29,18 +30,6 @@ def work_summary(metrics: Metrics, processed: int, limit: int | None) -> str:
     return f"nothing left to claim at t={metrics.at} ({processed} processed)"
 
 
-# What ``error: connection_lost: WHERE: DETAIL; ...`` says after the detail, for a
-# PostgreSQL connection that broke under any command. Whether the transaction in
-# flight committed is unknown: its COMMIT may have been applied without the answer
-# coming back. The line says so, and why that does not matter: the effect and the
-# ACK commit together, the lease's generation fences a second ACK, and a later
-# claim recovers a lease that nobody holds any more.
-CONNECTION_LOST_OUTCOME = (
-    "every outcome reported before this line is committed; whether the transaction in "
-    "flight committed is unknown (its COMMIT may have taken effect without the answer "
-    "coming back), and the queue settles it: an effect commits only with its ACK and the "
-    "lease's generation fences a second one, so a later work finishes every message "
-    "exactly once: run the command again")
 
 
 def status_lines(status: Status, *, as_json: bool) -> list[str]:

@@ -111,3 +111,50 @@ class UnusableFile(QueueError):
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message, code=code)
+
+
+# What a lost connection's line says after its detail. Whether the transaction in
+# flight committed is unknown: its COMMIT may have been applied without the answer
+# coming back. The line says so, and why that does not matter: the effect and the
+# ACK commit together, the lease's generation fences a second ACK, and a later
+# claim recovers a lease that nobody holds any more.
+CONNECTION_LOST_OUTCOME = (
+    "every outcome reported before this line is committed; whether the transaction in "
+    "flight committed is unknown (its COMMIT may have taken effect without the answer "
+    "coming back), and the queue settles it: an effect commits only with its ACK and the "
+    "lease's generation fences a second one, so a later work finishes every message "
+    "exactly once: run the command again")
+
+
+class ConnectionLost(QueueError):
+    """A PostgreSQL session ended under a call, its transaction's outcome unknown.
+
+    The connection broke, or the server ended the session (a restart, a
+    terminated backend, a network drop, one of the session's timeouts),
+    while a transaction may have been in flight. Its outcome is unknown:
+    the COMMIT may have taken effect without the answer coming back.
+    ``str()`` is one line that says so, and that the queue settles it
+    (``CONNECTION_LOST_OUTCOME``). ``where`` names the server, ``detail``
+    is the driver's own words on one line.
+    """
+
+    code = "connection_lost"
+
+    def __init__(self, where: str, detail: str) -> None:
+        super().__init__(f"{where}: {detail}; {CONNECTION_LOST_OUTCOME}")
+        self.where = where
+        self.detail = detail
+
+
+class LockTimeout(QueueError):
+    """A statement waited past the session's lock timeout, and its transaction rolled back.
+
+    The lock was held by another transaction; the outcome of this one is
+    known: nothing of it committed.
+
+    A worker reports the message as ``lost`` with this code and goes on with
+    the next: the transaction holding the lock settles the message, or its
+    lease runs out and a later claim recovers it.
+    """
+
+    code = "lock_timeout"

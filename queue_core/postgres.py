@@ -21,6 +21,10 @@ what differs from the SQLite file (``storage.SqliteStore``):
   hold it; here the server and the workers fail apart, so a claim the
   server forgot could leave a worker holding a generation that is handed
   out again.
+- **Every session is bounded** (``pgsession``, which says why each limit):
+  a lock waited for, a transaction's age, a peer that is gone; a session
+  that ends under a call reaches the caller as ``ConnectionLost``, one line
+  that names its outcome as unknown.
 - **The mark** is a table ``queue_core_meta`` (application id, schema
   version) in the connection's current schema, created in the same
   transaction as the tables: DDL is transactional, so a refused or failed
@@ -41,11 +45,14 @@ from urllib.parse import urlsplit
 import psycopg
 
 from .crashpoints import crash_point
-from .errors import UnusableFile
+from .errors import LockTimeout, UnusableFile
+from .pgsession import (CLIENT_SETTINGS, TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE,
+                        given_options, one_line, raise_translated, session_options)
 from .storage import APPLICATION_ID, SCHEMA_VERSION
 from .transitions import JOURNAL_COLUMNS, write_journal
 
 CONNECT_TIMEOUT_SECONDS = 10
+
 T = TypeVar("T")
 META_TABLE = "queue_core_meta"
 
@@ -147,10 +154,11 @@ class PgConnection:
     """A psycopg connection that speaks the protocol's SQL: ``?`` parameters,
     ``execute`` returning a cursor, transactions begun only by this module."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("raw", "where")
 
-    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], where: str = "postgresql://") -> None:
         self.raw = raw
+        self.where = where  # the server, without the password, for an error's line
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         return self.raw.execute(_placeholders(sql), params)
@@ -220,13 +228,17 @@ class pg_transaction:  # noqa: N801 - used like a function, as storage.transacti
                 # reads the results that have arrived, such as a lost connection's.
                 self.conn.execute("COMMIT")
                 self._end_pipeline(failed=False)  # waits for every result, the COMMIT's too
-            except BaseException:
+            except BaseException as failure:
                 self._end_pipeline(failed=True)
                 self._roll_back()
+                raise_translated(failure, self.conn.where, _broken(self.conn))
                 raise
             return
         self._end_pipeline(failed=True)
-        self._roll_back()  # the exception propagates: __exit__ returns None
+        self._roll_back()
+        if exc is not None:
+            raise_translated(exc, self.conn.where, _broken(self.conn))
+        # otherwise the exception propagates: __exit__ returns None
 
     def _end_pipeline(self, *, failed: bool) -> None:
         """Leave pipeline mode, on every path, once.
@@ -253,7 +265,14 @@ class pg_transaction:  # noqa: N801 - used like a function, as storage.transacti
         # transaction when it lost the connection, and the original error
         # (not a second one about the ROLLBACK) is what the caller must see.
         if not (self.conn.raw.closed or self.conn.raw.broken):
-            self.conn.execute("ROLLBACK")
+            try:
+                self.conn.execute("ROLLBACK")
+            except psycopg.OperationalError:  # it broke just now: the first error stands
+                pass
+
+
+def _broken(conn: PgConnection) -> bool:
+    return bool(conn.raw.closed or conn.raw.broken)
 
 
 class _Pending(Sequence[tuple[Any, ...]]):
@@ -322,15 +341,23 @@ class PostgresStore:
     def connect(self, *, synchronous: str = "FULL") -> PgConnection:
         """Open a connection; ``synchronous`` other than FULL stops waiting for
         the server's WAL flush at commit (``synchronous_commit = off``)."""
+        given = given_options(self.target)
         try:
             raw = psycopg.connect(self.target, autocommit=True,
-                                  connect_timeout=CONNECT_TIMEOUT_SECONDS)
+                                  connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                                  options=session_options(given), **CLIENT_SETTINGS)
+            settings = [] if synchronous == "FULL" else ["synchronous_commit = off"]
+            if (raw.info.server_version >= TRANSACTION_TIMEOUT_SINCE
+                    and not re.search(r"-c\s*transaction_timeout=", given)):
+                # not in the startup packet: PostgreSQL 16 would refuse the name
+                settings.append(f"transaction_timeout = {TRANSACTION_TIMEOUT_MS}")
+            with raw.pipeline():  # one round trip for every setting
+                for setting in settings:
+                    raw.execute(f"SET {setting}")
         except psycopg.Error as exc:
             raise UnusableFile("cannot_connect", f"{self.describe()}: "
                                f"{one_line(exc)}") from None
-        if synchronous != "FULL":
-            raw.execute("SET synchronous_commit = off")
-        return PgConnection(raw)
+        return PgConnection(raw, self.describe())
 
     def connect_readonly(self) -> PgConnection:
         return self.connect()
@@ -433,7 +460,7 @@ class PostgresStore:
                     crash_point("migrate.after_copy")
                     conn.execute(f"UPDATE {META_TABLE} SET schema_version = ?", (version + 1,))
                     crash_point("migrate.before_commit")
-            except psycopg.errors.LockNotAvailable:
+            except (psycopg.errors.LockNotAvailable, LockTimeout):
                 raise UnusableFile("migration_blocked", f"{self.describe()}: the step to schema "
                                    f"{version + 1} waited {MIGRATION_LOCK_TIMEOUT} for a lock "
                                    "that another session holds (a worker stalled inside a "
@@ -527,8 +554,3 @@ class DatabaseClock:
 
     def __repr__(self) -> str:
         return f"DatabaseClock({PostgresStore(self.dsn).describe()!r})"
-
-
-def one_line(exc: BaseException) -> str:
-    """An error's text on one line, for ``error: CODE: ...``."""
-    return re.sub(r"\s*\n\s*", "; ", str(exc).strip())

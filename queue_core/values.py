@@ -141,7 +141,8 @@ class Outcome:
     """What one processing attempt ended in, for logs and notebook tables.
 
     ``kind`` is ``done``, ``retry`` (back to ready at ``available_at``),
-    ``dead``, or ``lost`` (the lease was lost before the ACK).
+    ``dead``, or ``lost`` (the lease was lost before the ACK, or the ACK
+    waited past PostgreSQL's ``lock_timeout``: then ``code`` is ``lock_timeout``).
     """
 
     event_id: str

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import InvalidPayload, LeaseLost, QueueError, TransientError, UnknownEvent
+from .errors import (InvalidPayload, LeaseLost, LockTimeout, QueueError, TransientError,
+                     UnknownEvent)
 from .handler import Handler
 from .queue import Queue
 from .values import Effect, Lease, Outcome
@@ -20,7 +21,10 @@ GivenBack = Callable[[Lease, "LeaseLost | UnknownEvent | None"], None]
 def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
     """Complete one lease, or route its failure: invalid payload dead, transient retried.
 
-    A lost lease is reported as ``lost``, never retried by this worker.
+    A lost lease is reported as ``lost``, never retried by this worker; so is
+    an ACK that waited past PostgreSQL's lock timeout for its message's row
+    (the outcome's code says lock_timeout): another transaction is changing
+    that message, and it, or the lease's expiry, settles it.
     """
     try:
         effect = queue.complete(lease, handler)
@@ -28,7 +32,7 @@ def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
         return _fail(queue, lease, exc, permanent=True)
     except TransientError as exc:
         return _fail(queue, lease, exc, permanent=False)
-    except LeaseLost as exc:
+    except (LeaseLost, LockTimeout) as exc:
         return Outcome(lease.event_id, "lost", lease.generation, exc.code, detail=exc.message)
     return Outcome(lease.event_id, "done", lease.generation, effect=effect)
 
@@ -37,7 +41,7 @@ def _fail(queue: Queue, lease: Lease, exc: InvalidPayload | TransientError, *,
           permanent: bool) -> Outcome:
     try:
         outcome = queue.fail(lease, exc.code, permanent=permanent)
-    except LeaseLost as lost:
+    except (LeaseLost, LockTimeout) as lost:
         return Outcome(lease.event_id, "lost", lease.generation, lost.code, detail=lost.message)
     return Outcome(outcome.event_id, outcome.kind, outcome.generation, outcome.code,
                    available_at=outcome.available_at, detail=exc.message)
@@ -67,7 +71,7 @@ def _ack_and_claim(queue: Queue, lease: Lease,
         return _fail(queue, lease, exc, permanent=True), None, True
     except TransientError as exc:
         return _fail(queue, lease, exc, permanent=False), None, True
-    except LeaseLost as exc:
+    except (LeaseLost, LockTimeout) as exc:
         return Outcome(lease.event_id, "lost", lease.generation, exc.code,
                        detail=exc.message), None, True
     return Outcome(lease.event_id, "done", lease.generation, effect=effect), following, False
@@ -102,7 +106,9 @@ def drain(queue: Queue, handler: Handler, *, batch_size: int = 1,
     its attempt not counted), as it is when ``on_outcome`` raises (a closed
     pipe). Any other exception inside an ACK (a signal's
     ``KeyboardInterrupt``, a database error, a bug in the handler) rolls
-    that ACK back; its lease is given back too, then the exception goes on.
+    that ACK back; its lease is given back too, then the exception goes on
+    (a batch's ACK that waits past PostgreSQL's lock timeout is one of them:
+    the whole batch is rolled back, and that error ends the loop).
     A lease that can no longer be given back is no error of the stop: its
     deadline passed and a claim recovered it or handed it to another worker
     meanwhile. ``on_given_back(lease, lost)`` hears of every lease given back

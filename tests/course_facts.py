@@ -106,10 +106,30 @@ def a_stop_gives_back_what_was_claimed_ahead() -> None:
     assert build_parser().parse_args(["work", "--max", "2"]).max_messages == 2
 
 
+def postgres_sessions_bound_lock_waits_and_stalled_transactions() -> None:
+    from queue_core.pgsession import SESSION_SETTINGS, TRANSACTION_TIMEOUT_SINCE, session_options
+    options = session_options("")
+    assert "-c lock_timeout=" in options and "-c idle_in_transaction_session_timeout=" in options
+    assert "-c tcp_keepalives_idle=" in options and SESSION_SETTINGS["tcp_user_timeout"]
+    assert TRANSACTION_TIMEOUT_SINCE == 170000  # transaction_timeout is set where it exists
+    tests = (ROOT / "tests" / "test_hostage.py").read_text(encoding="utf-8")
+    assert "hold_hostage" in tests and re.search(r"^def test_\w+", tests, re.MULTILINE)
+
+
+def a_lost_connection_is_one_line_whose_outcome_is_unknown() -> None:
+    from queue_core.errors import ConnectionLost
+    text = str(ConnectionLost("postgresql://db.example/shop", "server closed the connection"))
+    assert "\n" not in text and "committed is unknown" in text and "the queue settles it" in text
+    tests = (ROOT / "tests" / "test_network_sweep.py").read_text(encoding="utf-8")
+    assert "run_network_sweep" in tests
+
+
 def real_time_varies_in_some_notebooks() -> None:
     from queue_core.lab.story import run_child
     assert "work_ms" in inspect.signature(run_child).parameters  # 05's fifth race sleeps
     assert (ROOT / "notebooks" / "08_throughput.ipynb").exists()  # and 08 times the disk
+    from queue_core.lab.sweeps import hold_hostage  # 14 times a stalled worker's message
+    assert "watch_seconds" in inspect.signature(hold_hostage).parameters
 
 
 def prune_keeps_every_key_so_a_late_replay_is_a_duplicate() -> None:
@@ -166,8 +186,23 @@ FACTS = (
          (r"\bno way to (give|hand) (a message|it) back", r"\bno --max\b",
           r"\ba stop(ped worker)? leaves (a|the|its) (pre-?claimed )?message (waiting|leased)"),
          a_stop_gives_back_what_was_claimed_ahead),
+    Fact("Every PostgreSQL connection bounds itself: `lock_timeout`, `transaction_timeout` "
+         "where the server has it (17 and later), idle in transaction, TCP keepalives; a "
+         "worker stalled mid-transaction keeps its message at most 5 s on 17 and later.",
+         (r"\bsets `?connect_timeout`? and nothing else",
+          r"\bno (`?lock_timeout`?|keepalives?|statement timeout|idle[- ]in[- ]transaction)"
+          r"[^.\n|]{0,40}(is set|outside the tests|in queue_core)",
+          r"\bnothing (in `?queue_core(\.postgres)?`? )?bounds (it|a stalled worker)"),
+         postgres_sessions_bound_lock_waits_and_stalled_transactions),
+    Fact("A connection lost under a call is one `connection_lost` line that names the outcome "
+         "as unknown and says the queue settles it; the network sweep cuts real workers at "
+         "every step.",
+         (r"\bno test cuts a connection", r"\bserver rolled back the message in flight",
+          r"\bconnection_lost[^.\n]{0,60}\brolled back\b"),
+         a_lost_connection_is_one_line_whose_outcome_is_unknown),
     Fact("Model time makes the protocol's figures repeatable, not everything: 05's fifth race "
-         "sleeps 20 ms per message, 08 and 10 time real work, 11 times its search.",
+         "sleeps 20 ms per message, 08 and 10 time real work, 11 times its search, 14 times "
+         "how long a stalled worker keeps its message.",
          (r"\bnothing (in (this|the) course )?sleeps\b",
           r"\b(a|every|each) re-?run prints the same (numbers|figures|outputs?)\b",
           r"\bevery (cell|output|number|figure) (is|stays) the same on every run\b"),

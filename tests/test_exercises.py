@@ -403,7 +403,7 @@ def sections() -> dict[int, str]:
 
 def test_exercises_md_has_a_section_per_check_each_with_goal_why_start_hints_and_solved() -> None:
     found = sections()
-    assert NUMBERS == list(range(1, len(NUMBERS) + 1)) and len(NUMBERS) >= 7
+    assert NUMBERS == list(range(1, max(NUMBERS) + 1)) and len(NUMBERS) >= 9
     assert sorted(found) == NUMBERS
     for number, text in found.items():
         for part in ("Goal.", "Why it matters.", "Where to start.", "Solved means:"):

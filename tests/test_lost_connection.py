@@ -22,6 +22,7 @@ import pytest
 
 from conftest import ROOT
 from queue_core import ModelClock, Queue, audit
+from queue_core.errors import ConnectionLost
 
 LEASE = 30
 EVENTS = {f"E{i:04d}": ("toy" if i % 7 == 0 else "book", 100 + i) for i in range(1, 31)}
@@ -141,7 +142,7 @@ def test_a_transaction_whose_backend_ends_before_its_commit_leaves_no_pipeline_b
     store = PostgresStore(pg_dsn)
     conn = store.connect()
     try:
-        with pytest.raises(psycopg.OperationalError):
+        with pytest.raises(ConnectionLost) as lost:
             with store.transaction(conn):  # BEGIN sent; the COMMIT will meet a dead backend
                 with psycopg.connect(pg_dsn, autocommit=True) as other:
                     assert other.execute("SELECT pg_terminate_backend(%s, 30000)",
@@ -150,5 +151,9 @@ def test_a_transaction_whose_backend_ends_before_its_commit_leaves_no_pipeline_b
     finally:
         conn.close()
     gc.collect()
+
+    assert lost.value.code == "connection_lost" and isinstance(lost.value.__cause__,
+                                                                psycopg.OperationalError)
+    assert str(lost.value).endswith(f"; {MEANING}") and "\n" not in str(lost.value)
 
     assert [record.getMessage() for record in caplog.records if record.name == "psycopg"] == []

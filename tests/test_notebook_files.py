@@ -184,7 +184,7 @@ def test_every_relative_link_resolves_to_a_file_and_a_fragment_that_lands(path: 
     ("00_overview.ipynb#summary-card", "a notebook is linked by #cell-id=<id>"),
     ("00_overview.ipynb#Summary-card", "a notebook is linked by #cell-id=<id>"),
     ("00_overview.ipynb#cell-id=no-such-cell", "no cell of that id in the notebook"),
-    ("../EXERCISES.md#exercise-9", "no <a id> of that name in the file"),
+    ("../EXERCISES.md#exercise-99", "no <a id> of that name in the file"),
     ("../EXERCISES.md#Exercise-4:-Reject-an-old-generation,-also-after-a-redrive",
      "no <a id> of that name in the file"),
     ("99_missing.ipynb", "no such file"),

@@ -57,3 +57,7 @@ __all__ += ["TakeoverRun", "check_7", "run_takeover_7", "start_7"]
 from .retention import check_8, start_8  # noqa: E402
 
 __all__ += ["check_8", "start_8"]
+# Exercise 9 (what a worker does after a lost connection, notebook 14).
+from .lostconn import CutRun, check_9, run_after_cut_9, start_9  # noqa: E402
+
+__all__ += ["CutRun", "check_9", "run_after_cut_9", "start_9"]

@@ -29,7 +29,10 @@ COLUMNS = ("Call", "Transaction", "Checks", "Changes", ERRORS_HEADER)
 LOST = ("LeaseLost", ("stale_generation", "lease_expired", "not_leased"))
 UNKNOWN = ("UnknownEvent", ("unknown_event",))
 INTEGRITY = ("IntegrityViolation", ("integrity_violation",))  # a schema constraint refused
-PG_ONLY = (("UnusableFile", ("cannot_connect",)),)  # a server that cannot be reached
+# A server that cannot be reached; a session that ended under a call (its outcome
+# unknown); a lock waited for past the session's lock_timeout (rolled back).
+PG_ONLY = (("UnusableFile", ("cannot_connect",)), ("ConnectionLost", ("connection_lost",)),
+           ("LockTimeout", ("lock_timeout",)))
 LONG_LIST = 6  # more codes than this go below the table, where they do not stretch a row
 FILE_ONLY = ("file_not_found", "file_unreadable")  # reading a file; text cannot meet them
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ...clock import ModelClock, SystemClock
 from ...crashpoints import CRASH_EXIT_CODE, arm
+from ...errors import ConnectionLost
 from ...handler import Handler
 from ...values import Effect, Outcome
 from ...queue import Queue
@@ -28,6 +29,7 @@ from .contrasts import protocol
 from .faults import FlakyHandler
 
 MODES = ("one", "each", "drain")
+LOST_EXIT_CODE = 3  # a PostgreSQL connection lost under the worker: one line, then this
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])  # the folder that holds queue_core
 GATE_TIMEOUT_SECONDS = 30.0
 
@@ -200,5 +202,15 @@ def _drain_working(queue: Queue, handler: Handler, seconds: float) -> None:
             _report(outcome)
 
 
+def _main_on_a_network() -> int:
+    """``main``, and a PostgreSQL connection lost under it as one line (exit 3),
+    as ``queue-core work`` prints it: the network sweep breaks connections."""
+    try:
+        return main()
+    except ConnectionLost as lost:
+        print(f"error: connection_lost: {lost}", file=sys.stderr)
+        return LOST_EXIT_CODE
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_main_on_a_network())

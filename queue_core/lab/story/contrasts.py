@@ -24,6 +24,12 @@ public hooks the engine offers for it (``complete``, ``fail``, ``fence``,
                          deletes their message, effect and journal rows. A
                          replay of a deleted event is new to the queue, and
                          its money is counted again (notebook 13).
+``rerun_after_lost_connection`` (the network sweep's, ``NETWORK_PROTOCOLS``)
+                         adds to a counter in a transaction of its own,
+                         then ACKs; when the connection is lost it runs the
+                         whole message again on a new connection, as if
+                         nothing had happened: a COMMIT that took effect
+                         without its answer coming back is counted twice.
 
 All of them run on both stores, a SQLite file or a PostgreSQL schema
 (``create_ledger`` speaks each one's SQL), so the crash sweep can show the
@@ -48,7 +54,7 @@ from typing import Any, Sequence
 
 from ...audit import CONTRAST_LEDGER
 from ...crashpoints import BETWEEN_TRANSACTIONS, POINTS, PROTOCOL_POINTS, crash_point
-from ...errors import IntegrityViolation, LeaseLost, QueueError
+from ...errors import ConnectionLost, IntegrityViolation, LeaseLost, QueueError
 from ...handler import Handler
 from ...queue import Queue, backoff_seconds, write_journal
 from ...storage import has_table
@@ -260,6 +266,55 @@ class NoGenerationCheck(_Contrast):
         return Outcome(lease.event_id, "retry", lease.generation, code, available_at=at)
 
 
+# -- the effect outside the ACK, the whole message run again after a lost connection --
+
+class RerunAfterLostConnection(_Contrast):
+    """BROKEN: the effect is added to a counter (``naive_ledger``) in a
+    transaction of its own, then the message is ACKed; a lost connection is
+    taken to mean that nothing happened, and the whole message runs again."""
+
+    def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
+        super().__init__(path, **options)
+        create_ledger(self)
+
+    def complete(self, lease: Lease, handler: Handler) -> Effect:
+        try:
+            return self._whole_message(lease, handler)
+        except ConnectionLost:
+            self._reconnect()
+        try:
+            return self._whole_message(lease, handler)
+        except LeaseLost:  # the first ACK did take effect after all; the counter ran twice
+            return handler.effect_of(json.loads(self._payload(lease)))
+
+    def _whole_message(self, lease: Lease, handler: Handler) -> Effect:
+        with self.transaction() as conn:
+            handler.fault(conn, lease.event_id)
+            effect = handler.effect_of(json.loads(self._payload(lease, conn)))
+            _write_ledger(conn, lease.event_id, effect)  # counted, and committed alone
+            crash_point("complete.after_insert")
+        with self.transaction() as conn:
+            self.fence(conn, lease)
+            _mark_done(conn, self, lease)
+            crash_point("complete.before_commit")
+        crash_point("complete.after_commit")
+        return effect
+
+    def _payload(self, lease: Lease, conn: Any = None) -> str:
+        """The stored payload, read as a counter reads it: no fence."""
+        if conn is None:
+            with self.transaction() as own:
+                return self._payload(lease, own)
+        return str(conn.execute("SELECT payload FROM messages WHERE event_id = ?",
+                                (lease.event_id,)).fetchone()[0])
+
+    def _reconnect(self) -> None:
+        """A new session connection in place of the one that broke."""
+        if self._session is not None:
+            self._session.close()
+            self._session = self.store.connect(synchronous=self.synchronous)
+
+
 REAL = Protocol("protocol", Queue, PROTOCOL_POINTS, broken=False)
 # The contrasts ACK with their own ``complete``: the worker loop's fused step
 # (``complete_and_claim.*``) is the protocol's alone.
@@ -274,12 +329,20 @@ PROTOCOLS = {p.name: p for p in (
 )}
 
 
+# The network sweep's own contrast (``queue_core.lab.sweeps.network``): its
+# failure needs a connection that breaks, which no crash point makes.
+NETWORK_PROTOCOLS = {p.name: p for p in (
+    Protocol("rerun after lost connection", RerunAfterLostConnection, (), broken=True),
+)}
+
+
 def protocol(name: str) -> Protocol:
     """The protocol called ``name``; raises ``ValueError`` for an unknown one."""
+    known = {**PROTOCOLS, **NETWORK_PROTOCOLS}
     try:
-        return PROTOCOLS[name]
+        return known[name]
     except KeyError:
-        raise ValueError(f"unknown protocol {name!r}; known: {', '.join(PROTOCOLS)}") from None
+        raise ValueError(f"unknown protocol {name!r}; known: {', '.join(known)}") from None
 
 
 # -- a cleanup that forgets the keys (doubles money on a late replay) ---------------
