@@ -34,12 +34,17 @@ system; on an older file they are reused by the file as it grows.
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from . import audit
 from .crashpoints import crash_point
+from .storage import BUSY_TIMEOUT_SECONDS
 from .values import Message, State, Transition
 
 if TYPE_CHECKING:
@@ -48,7 +53,11 @@ if TYPE_CHECKING:
 __all__ = ["PRUNE_BATCH", "Pruned", "prune"]
 
 PRUNE_BATCH = 100           # messages per prune transaction
+READ_AHEAD = 10             # batches whose candidates and journal rows one read gathers
 VACUUM_PAGES = 64           # pages given back per incremental-vacuum transaction
+LOCK_POLL_SECONDS = 0.0002  # how often a prune asks again for SQLite's write lock
+WAL_TRUNCATE_BYTES = 1024 * 1024  # a WAL this long is truncated after a prune, if idle
+SQLITE_BUSY = 5
 
 # The done messages old enough to prune, oldest first, from the ``done`` range of
 # ``messages_live`` (a pruned message leaves it). Parameters: cutoff, cutoff, limit.
@@ -97,50 +106,78 @@ class Pruned:
 def prune(queue: "Queue", older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pruned:
     """Prune ``queue``'s done messages that finished at least ``older_than`` seconds
     before its clock's now (see the module). Refuses a queue of an earlier
-    schema version (``schema_too_old``), like every write."""
+    schema version (``schema_too_old``), like every write.
+
+    What takes time is read without the write lock: the candidates and their
+    journal rows, a pass of up to ``READ_AHEAD`` batches at a time, in one
+    read transaction (a done message's rows never change, and only a prune
+    removes them). Each batch's write transaction then reads the batch's
+    messages again by key, judges their journal and writes: a few
+    milliseconds under the lock.
+    """
     if isinstance(older_than, bool) or not isinstance(older_than, int) or older_than < 0:
         raise ValueError(f"older_than must be a whole number of seconds, 0 or more, "
                          f"got {older_than!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     now = queue.clock.now()
     cutoff = now - older_than
-    size_before = _file_bytes(queue)
     pruned = rows = batches = 0
     kept: list[str] = []
     longest = 0.0
-    while True:
-        started = time.perf_counter()
-        with queue.transaction() as conn:
-            crash_point("prune.after_begin")
-            queue.store.serialize_enqueue(conn)  # PostgreSQL: one prune or enqueue at a time
-            done, refused, dropped = _one_batch(conn, cutoff, batch_size, kept)
-            crash_point("prune.before_commit")
-        crash_point("prune.after_commit")
-        longest = max(longest, time.perf_counter() - started)
-        if done or dropped:
-            batches += 1
-        pruned, rows = pruned + done, rows + dropped
-        kept += refused
-        if done + len(refused) < batch_size:
-            break
-    _give_back(queue)
-    return Pruned(older_than, now, pruned, rows, tuple(kept), batches,
-                  max(0, size_before - _file_bytes(queue)), longest)
+    with queue.session():
+        size_before = _file_bytes(queue)
+        while True:
+            ahead = batch_size * READ_AHEAD
+            ids, steps = queue._read(lambda conn: _read_ahead(conn, cutoff, ahead, kept))
+            for start in range(0, len(ids), batch_size):
+                started = time.perf_counter()
+                with _writing(queue) as conn:
+                    crash_point("prune.after_begin")
+                    queue.store.serialize_enqueue(conn)  # PostgreSQL: one prune or enqueue at a time
+                    done, refused, dropped = _one_batch(conn, ids[start:start + batch_size],
+                                                        steps)
+                    crash_point("prune.before_commit")
+                crash_point("prune.after_commit")
+                longest = max(longest, time.perf_counter() - started)
+                batches += bool(done)
+                pruned, rows = pruned + done, rows + dropped
+                kept += refused
+            if len(ids) < ahead:
+                break
+        _give_back(queue)
+        freed = max(0, size_before - _file_bytes(queue))
+    return Pruned(older_than, now, pruned, rows, tuple(kept), batches, freed, longest)
 
 
-def _one_batch(conn: Any, cutoff: int, limit: int,
-               skip: list[str]) -> tuple[int, list[str], int]:
-    """Prune one batch inside the caller's transaction: (pruned, kept whole, journal rows)."""
+def _read_ahead(conn: Any, cutoff: int, limit: int,
+                skip: list[str]) -> tuple[list[str], dict[str, list[Transition]]]:
+    """Up to ``limit`` done messages old enough to prune, oldest first, but not
+    those in ``skip`` nor the owner of the journal's last row, with their journal
+    rows: one read, outside the write lock."""
     last = conn.execute("SELECT event_id FROM transitions "
                         "ORDER BY seq DESC LIMIT 1").fetchone()
     ids = [row[0] for row in conn.execute(_CANDIDATES, (cutoff, cutoff, limit + len(skip) + 1))]
     ids = [event_id for event_id in ids
            if event_id not in skip and (last is None or event_id != last[0])][:limit]
+    return ids, _journal_of(conn, set(ids)) if ids else {}
+
+
+def _one_batch(conn: Any, ids: list[str],
+               steps: dict[str, list[Transition]]) -> tuple[int, list[str], int]:
+    """Prune the messages ``ids`` inside the caller's write transaction, each judged
+    by its journal rows ``steps`` read ahead: (pruned, kept whole, journal rows)."""
+    last = conn.execute("SELECT event_id FROM transitions "
+                        "ORDER BY seq DESC LIMIT 1").fetchone()
+    # read again under the lock: another prune may have taken one meanwhile
+    messages = {m.event_id: m for m in _messages(conn, ids)
+                if m.state == State.DONE and m.payload is not None}
+    ids = [event_id for event_id in ids
+           if event_id in messages and (last is None or event_id != last[0])]
     if not ids:
         return 0, [], 0
-    messages = {m.event_id: m for m in _messages(conn, ids)}
     effects = {row[0]: row[1:] for row in _rows(
         conn, "SELECT event_id, category, amount_cents FROM effects WHERE event_id IN ({})", ids)}
-    steps = _journal_of(conn, set(ids))
     records, refused, seqs = [], [], []
     for event_id in ids:
         message, history = messages[event_id], steps.get(event_id, [])
@@ -164,6 +201,44 @@ def _one_batch(conn: Any, cutoff: int, limit: int,
         conn.execute(f"DELETE FROM transitions WHERE seq IN ({', '.join('?' * len(chunk))})",
                      chunk)
     return len(compacted), refused, len(seqs)
+
+
+@contextmanager
+def _writing(queue: "Queue") -> Iterator[Any]:
+    """``queue.transaction()`` on the prune's session, its write lock taken promptly.
+
+    SQLite admits one writer, and a connection that finds the lock taken sleeps
+    in its busy handler (1 ms, 2 ms, 5 ms, ... up to 100 ms between tries): a
+    worker that commits message after message leaves gaps far shorter than
+    those sleeps, and such a prune would wait for minutes. So on SQLite the
+    prune asks for the lock without waiting and tries again every
+    ``LOCK_POLL_SECONDS``, for as long as the busy timeout would have waited.
+    """
+    if queue.store.name != "sqlite":
+        with queue.transaction() as conn:
+            yield conn
+        return
+    conn = queue.connection
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        while True:
+            entered = queue.transaction()
+            try:
+                entered.__enter__()
+                break
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+            time.sleep(LOCK_POLL_SECONDS)
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+    try:
+        yield conn
+    except BaseException:
+        entered.__exit__(*sys.exc_info())
+        raise
+    entered.__exit__(None, None, None)
 
 
 def _messages(conn: Any, ids: list[str]) -> Iterable[Message]:
@@ -210,15 +285,28 @@ def _file_bytes(queue: "Queue") -> int:
 def _give_back(queue: "Queue") -> None:
     """Give the freed pages back to the file system, a few at a time (SQLite with
     incremental auto-vacuum: each ``incremental_vacuum`` is its own short write
-    transaction), then copy the WAL into the file, which truncates it."""
+    transaction, its lock taken as a batch's is), once at least ``VACUUM_PAGES``
+    are free (fewer are simply reused by the next writes). Then, once the WAL
+    has grown past ``WAL_TRUNCATE_BYTES``, copy it into the file and truncate it
+    to nothing if no other connection is using it at that moment
+    (``wal_checkpoint(TRUNCATE)``, which then does not wait): SQLite reuses a WAL
+    from its start after each checkpoint, but never shortens the file by itself.
+    """
     if queue.store.name != "sqlite":
         return  # PostgreSQL reuses the space once (auto)vacuum has run
-    conn = queue.store.connect()
+    conn = queue.connection
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # 2: INCREMENTAL
+        while conn.execute("PRAGMA freelist_count").fetchone()[0] >= VACUUM_PAGES:
+            with _writing(queue):
+                conn.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
+    wal = f"{queue.store.target}-wal"
+    if not os.path.exists(wal) or os.path.getsize(wal) < WAL_TRUNCATE_BYTES:
+        return
+    conn.execute("PRAGMA busy_timeout = 0")
     try:
-        if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # 2: INCREMENTAL
-            return
-        while conn.execute("PRAGMA freelist_count").fetchone()[0]:
-            conn.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY:
+            raise
     finally:
-        conn.close()
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")

@@ -68,7 +68,8 @@ def test_the_steady_load_keeps_the_live_window_flat_and_every_pruned_key(quick: 
 
     assert steady["flat"]["payload"] == (live * bench_retention.PAYLOAD_BYTES,) * 2
     assert files["pruned"]["checkpointed"] < files["unpruned"]["checkpointed"]
-    assert files["limited"]["wal_rest"] < files["pruned"]["wal_rest"]  # cut at the limit
+    # cut at the limit (prune itself truncates a long WAL it finds idle: then they are equal)
+    assert files["limited"]["wal_rest"] <= files["pruned"]["wal_rest"]
     assert 60 < steady["kept"]["cells_per_event"] < steady["kept"]["per_event"] < 400
     assert steady["kept"]["pruned"] == steady["events"] - 1  # the journal's last row's owner
     assert 0 < steady["prune"]["longest_s"] < 5
