@@ -448,6 +448,10 @@ class PostgresStore:
             try:
                 with pg_transaction(conn):
                     conn.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
+                    if conn.raw.info.server_version >= TRANSACTION_TIMEOUT_SINCE:
+                        # a step rewrites every message: on a large queue it outlasts the
+                        # limit that a worker's transaction of milliseconds never meets
+                        conn.execute("SET LOCAL transaction_timeout = 0")
                     conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
                     crash_point("migrate.after_begin")
                     found = conn.execute(f"SELECT schema_version FROM {META_TABLE} "

@@ -446,3 +446,20 @@ def test_a_migrated_digest_is_the_engines_own_so_a_pruned_replay_is_still_a_dupl
         queue.enqueue_jsonl(NON_ASCII.replace("東京", "京都"))
     assert refused.value.code == "batch_conflict"
     assert audit.snapshot(schema1).money == money == 15000 + 700 + 1234
+
+
+def test_a_step_longer_than_a_workers_transaction_limit_still_completes(
+        schema1: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every session ends a transaction older than ``transaction_timeout`` (17 and
+    later); a migration step rewrites every message and may take longer, so it
+    lifts that limit for its own transaction. A step made slower than the limit
+    completes, and the queue is version 2."""
+    with psycopg.connect(schema1) as conn:
+        if conn.info.server_version < postgres.TRANSACTION_TIMEOUT_SINCE:
+            pytest.skip("this server has no transaction_timeout (PostgreSQL 16 and older)")
+    monkeypatch.setattr(postgres, "TRANSACTION_TIMEOUT_MS", 300)
+    monkeypatch.setitem(postgres.POSTGRES_STEPS, 1,
+                        ("SELECT pg_sleep(0.8)", *postgres.POSTGRES_STEPS[1]))
+    assert migrate(schema1).steps == ((1, 5),)
+    snap = audit.snapshot(schema1)
+    assert snap.version == 2 and audit.check(snap) == [] and snap.money == 15000
