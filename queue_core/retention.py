@@ -40,15 +40,30 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol, TypeVar
 
 from . import audit
 from .crashpoints import crash_point
 from .storage import BUSY_TIMEOUT_SECONDS
 from .values import Message, State, Transition
 
-if TYPE_CHECKING:
-    from .queue import Queue
+from .clock import Clock
+from .stores import Store
+
+T = TypeVar("T")
+
+
+class Queue(Protocol):
+    """What prune asks of the queue it prunes (``queue.Queue`` is the one there is)."""
+
+    clock: Clock
+    store: Store
+
+    @property
+    def connection(self) -> Any: ...
+    def session(self) -> ContextManager[Any]: ...
+    def transaction(self, *, relaxed: bool = False) -> ContextManager[Any]: ...
+    def _read(self, body: Callable[[Any], T]) -> T: ...
 
 __all__ = ["PRUNE_BATCH", "Pruned", "prune"]
 
@@ -103,7 +118,7 @@ class Pruned:
         return said
 
 
-def prune(queue: "Queue", older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pruned:
+def prune(queue: Queue, older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pruned:
     """Prune ``queue``'s done messages that finished at least ``older_than`` seconds
     before its clock's now (see the module). Refuses a queue of an earlier
     schema version (``schema_too_old``), like every write.
@@ -204,7 +219,7 @@ def _one_batch(conn: Any, ids: list[str],
 
 
 @contextmanager
-def _writing(queue: "Queue") -> Iterator[Any]:
+def _writing(queue: Queue) -> Iterator[Any]:
     """``queue.transaction()`` on the prune's session, its write lock taken promptly.
 
     SQLite admits one writer, and a connection that finds the lock taken sleeps
@@ -274,7 +289,7 @@ def _journal_of(conn: Any, ids: set[str]) -> dict[str, list[Transition]]:
     return steps
 
 
-def _file_bytes(queue: "Queue") -> int:
+def _file_bytes(queue: Queue) -> int:
     """The SQLite file's size in pages (what a checkpoint leaves on disk); 0 on PostgreSQL."""
     if queue.store.name != "sqlite":
         return 0
@@ -282,7 +297,7 @@ def _file_bytes(queue: "Queue") -> int:
                            * conn.execute("PRAGMA page_size").fetchone()[0]))
 
 
-def _give_back(queue: "Queue") -> None:
+def _give_back(queue: Queue) -> None:
     """Give the freed pages back to the file system, a few at a time (SQLite with
     incremental auto-vacuum: each ``incremental_vacuum`` is its own short write
     transaction, its lock taken as a batch's is), once at least ``VACUUM_PAGES``
