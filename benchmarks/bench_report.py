@@ -16,6 +16,7 @@ import statistics
 from typing import Any, Callable
 
 from bench_cases import Case, QueueSize
+from queue_core.retention import PRUNE_BATCH
 from peers import FSYNCING, PeerCase, SameWorkCase
 
 
@@ -252,8 +253,9 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
      "consumer side, ours FULL* with a process running prune(0) in a loop beside the worker "
      "vs the same case without it, same rounds", _prune_beside, 0.9, True),
     ("longest prune transaction, ms",
-     "one batch of at most 100 done messages of 2 KB, BEGIN IMMEDIATE to its fsynced commit, no other "
-     "writer (the write lock's hold), this machine's flush", _longest_prune_ms, 10.0, False),
+     f"one batch of at most {PRUNE_BATCH} done messages of 2 KB, BEGIN IMMEDIATE to its fsynced "
+     "commit, no other writer (the write lock's hold), this machine's flush", _longest_prune_ms,
+     10.0, False),
 ]
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from bench_report import evaluate, on_disk
 from peer_safety import describe
+from queue_core.retention import PRUNE_BATCH
 
 WORKER_COUNTS = (1, 2, 4)
 MEMORY_LIMIT_MB = 150.0
@@ -278,7 +279,7 @@ def lifetime_lines(results: dict[str, Any]) -> list[str]:
                      "slack and cell headers")
         prune = steady["prune"]
         lines.append(f"  prune: {prune['messages']:,} messages in {prune['batches']} "
-                     f"transactions of at most 100; the longest held the write lock "
+                     f"transactions of at most {PRUNE_BATCH}; the longest held the write lock "
                      f"{prune['longest_s'] * 1000:.1f} ms (each prune call's longest: median "
                      f"{prune['median_call_s'] * 1000:.1f} ms), its fsynced commit included (nothing "
                      "else wrote: the hold, no wait); giving freed pages back "

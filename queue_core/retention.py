@@ -67,7 +67,7 @@ class Queue(Protocol):
 
 __all__ = ["PRUNE_BATCH", "Pruned", "prune"]
 
-PRUNE_BATCH = 100           # messages per prune transaction
+PRUNE_BATCH = 50            # messages per prune transaction
 READ_AHEAD = 10             # batches whose candidates and journal rows one read gathers
 VACUUM_PAGES = 64           # pages given back per incremental-vacuum transaction
 LOCK_POLL_SECONDS = 0.0002  # how often a prune asks again for SQLite's write lock
@@ -103,18 +103,32 @@ class Pruned:
     batches: int
     bytes_freed: int
     longest_batch_seconds: float  # the longest write-lock hold of one batch (wall clock)
+    waiting: str | None = None  # old enough, but it owns the journal's newest row
 
     def lines(self) -> list[str]:
         """What ``queue-core prune`` prints (no wall-clock figures)."""
-        said = [f"pruned {self.messages} done message{'s' if self.messages != 1 else ''} "
-                f"finished at least {self.older_than} s before t={self.at}: their payloads "
-                f"and {self.journal_rows} journal rows dropped, in {self.batches} "
-                f"transaction{'s' if self.batches != 1 else ''}; keys, digests, effects "
-                "and one compacted record each kept"]
+        one = self.messages == 1
+        if self.messages:
+            said = [f"pruned {self.messages} done message{'' if one else 's'} finished at "
+                    f"least {self.older_than} s before t={self.at}: "
+                    f"{'its payload' if one else 'their payloads'} and {self.journal_rows} "
+                    f"journal rows dropped, in {self.batches} "
+                    f"transaction{'s' if self.batches != 1 else ''}; "
+                    f"{'its key, digest and effect and one compacted record' if one else 'keys, digests, effects and one compacted record each'} kept"]
+        else:
+            said = [f"pruned nothing: no {'other ' if self.waiting else ''}done message "
+                    "finished at least "
+                    f"{self.older_than} s before t={self.at}"]
+        if self.waiting:
+            said.append(f"{self.waiting} waits for a later prune: it owns the journal's newest "
+                        "row, which is kept so that no journal number is ever used twice")
         if self.kept:
             said.append(f"kept whole {len(self.kept)} whose journal the audit does not "
                         f"accept ({', '.join(self.kept[:5])}): run the audit")
-        said.append(f"{self.bytes_freed} bytes given back to the file system")
+        said.append(f"{self.bytes_freed} bytes given back to the file system"
+                    + ("" if self.bytes_freed or not self.messages else
+                       f" (the space freed stays in the file for its next rows until "
+                       f"{VACUUM_PAGES} pages are free)"))
         return said
 
 
@@ -140,11 +154,12 @@ def prune(queue: Queue, older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pr
     pruned = rows = batches = 0
     kept: list[str] = []
     longest = 0.0
+    waiting: str | None = None
     with queue.session():
         size_before = _file_bytes(queue)
         while True:
             ahead = batch_size * READ_AHEAD
-            ids, steps = queue._read(lambda conn: _read_ahead(conn, cutoff, ahead, kept))
+            ids, steps, waiting = queue._read(lambda conn: _read_ahead(conn, cutoff, ahead, kept))
             for start in range(0, len(ids), batch_size):
                 started = time.perf_counter()
                 with _writing(queue) as conn:
@@ -162,20 +177,20 @@ def prune(queue: Queue, older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pr
                 break
         _give_back(queue)
         freed = max(0, size_before - _file_bytes(queue))
-    return Pruned(older_than, now, pruned, rows, tuple(kept), batches, freed, longest)
+    return Pruned(older_than, now, pruned, rows, tuple(kept), batches, freed, longest, waiting)
 
 
-def _read_ahead(conn: Any, cutoff: int, limit: int,
-                skip: list[str]) -> tuple[list[str], dict[str, list[Transition]]]:
+def _read_ahead(conn: Any, cutoff: int, limit: int, skip: list[str]
+                ) -> tuple[list[str], dict[str, list[Transition]], str | None]:
     """Up to ``limit`` done messages old enough to prune, oldest first, but not
     those in ``skip`` nor the owner of the journal's last row, with their journal
-    rows: one read, outside the write lock."""
+    rows: one read, outside the write lock. Also that owner, if it was one."""
     last = conn.execute("SELECT event_id FROM transitions "
                         "ORDER BY seq DESC LIMIT 1").fetchone()
-    ids = [row[0] for row in conn.execute(_CANDIDATES, (cutoff, cutoff, limit + len(skip) + 1))]
-    ids = [event_id for event_id in ids
-           if event_id not in skip and (last is None or event_id != last[0])][:limit]
-    return ids, _journal_of(conn, set(ids)) if ids else {}
+    found = [row[0] for row in conn.execute(_CANDIDATES, (cutoff, cutoff, limit + len(skip) + 1))]
+    waiting = last[0] if last is not None and last[0] in found else None
+    ids = [event_id for event_id in found if event_id not in skip and event_id != waiting][:limit]
+    return ids, _journal_of(conn, set(ids)) if ids else {}, waiting
 
 
 def _one_batch(conn: Any, ids: list[str],

@@ -47,6 +47,15 @@ def write_the_effect_again(queue: Queue, lease, handler: Handler) -> None:  # ty
         handler.apply(conn, lease.event_id, payload)
 
 
+def mark_done_by_hand_naively(queue: Queue, lease, handler: Handler) -> None:  # type: ignore[no-untyped-def]
+    conn = sqlite3.connect(queue.path)
+    try:
+        conn.execute("UPDATE messages SET state = 'done' WHERE event_id = ?", (lease.event_id,))
+        conn.commit()
+    finally:
+        conn.close()
+
+
 def mark_done_by_hand(queue: Queue, lease, handler: Handler) -> None:  # type: ignore[no-untyped-def]
     conn = sqlite3.connect(queue.path)
     conn.execute("UPDATE messages SET state = 'done', lease_until = NULL, finished_at = 1000 "
@@ -79,7 +88,8 @@ def test_an_untouched_start_is_not_attempted(tmp_path: Path, capsys) -> None:  #
 
 
 @pytest.mark.parametrize("decide, how", [
-    (do_nothing, "handed out again once its lease ran out, done by generation 2"),
+    (do_nothing, "handed out again (once its lease ran out, or at once if it was given back), "
+     "done by generation 2"),
     (retry_the_fenced_ack, "its ACK retried with the same lease, fenced"),
 ], ids=["do-nothing", "retry-the-fenced-ack"])
 def test_an_answer_that_leaves_the_queue_to_settle_it_counts_every_order_once(
@@ -101,7 +111,10 @@ def test_an_answer_that_leaves_the_queue_to_settle_it_counts_every_order_once(
     (write_the_effect_again, "for E0901 your function wrote the effect again, outside its ACK: "
      "the effects table's key refused it", "never run the effect yourself", (17000, 3, 2)),
     (mark_done_by_hand, "a hand edit", "run `start_9` again", (15000, 2, 3)),
-], ids=["retry-without-catching", "give-up", "write-the-effect-again", "mark-done-by-hand"])
+    (mark_done_by_hand_naively, "wrote the queue's tables with SQL of its own, and the schema "
+     "refused it", "never write the queue's rows yourself", (17000, 3, 3)),
+], ids=["retry-without-catching", "give-up", "write-the-effect-again", "mark-done-by-hand",
+        "mark-done-by-hand-refused-by-the-schema"])
 def test_an_answer_that_raises_loses_or_writes_around_the_fence_is_refused_with_the_next_step(
         tmp_path: Path, decide, said: str, next_step: str,  # type: ignore[no-untyped-def]
         money: tuple[int, int, int]) -> None:

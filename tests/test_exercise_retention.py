@@ -88,6 +88,13 @@ def conflicting(queue: Queue, tmp: Path) -> Exception:
     return refused.value
 
 
+def replay_then_prune(tmp: Path) -> tuple[Any, ...]:
+    queue = exercises.start_8(tmp)
+    replay = queue.enqueue_jsonl(E0001_LINE)
+    queue.prune(60)
+    return queue, replay
+
+
 def on_another_queue(queue: Queue, tmp: Path) -> EnqueueResult:
     return Queue(tmp / "mine.sqlite3").enqueue_jsonl(E0001_LINE)
 
@@ -118,6 +125,13 @@ ROUTES = [
     Route(8, "a-replay-made-up-by-hand", pruned_then({"inserted": 0, "duplicates": 1}),
           ("expected what q8.enqueue_jsonl returned (an EnqueueResult), found",),
           "replay_8 = q8.enqueue_jsonl", (17000, 3, {"done": 3, "dead": 1})),
+    Route(8, "a-result-typed-by-hand-after-the-prune",
+          pruned_then(EnqueueResult(inserted=0, duplicates=1)),
+          ("no replay of E0001 ran on q8 after its prune", "a result typed by hand is no "
+           "replay"), "prune first, then replay on q8", (17000, 3, {"done": 3, "dead": 1})),
+    Route(8, "the-replay-before-the-prune", replay_then_prune,
+          ("no replay of E0001 ran on q8 after its prune", "a replay before the prune proves "
+           "nothing"), "prune first, then replay on q8", (17000, 3, {"done": 3, "dead": 1})),
     Route(8, "exercise-1s-queue-passed-to-check-8", lambda t: (exercises.start_1(t), None),
           ("that is exercise 1's queue (q1, built by start_1), not exercise 8's",), "pass q8"),
 ]

@@ -121,7 +121,7 @@ def test_pruned_pages_go_back_to_the_file_system(db_path: Path) -> None:
     size = db_path.stat().st_size
     clock.advance(10)
     pruned = queue.prune(5)
-    assert pruned.messages == 400 and pruned.batches == 4
+    assert pruned.messages == 400 and pruned.batches == 8
     assert pruned.bytes_freed > 400 * 2000 * 0.9
     assert db_path.stat().st_size <= size - pruned.bytes_freed
     assert audit.findings(db_path) == [] and audit.snapshot(db_path).money == sum(range(1, 401))
@@ -226,7 +226,7 @@ def test_prune_on_the_command_line_says_what_it_dropped_and_refuses_bad_input(
     assert lines[0] == ("pruned 3 done messages finished at least 100 s before t=2000: their "
                         "payloads and 11 journal rows dropped, in 1 transaction; keys, digests, "
                         "effects and one compacted record each kept")
-    assert lines[1].endswith(" bytes given back to the file system") and len(lines) == 2
+    assert " bytes given back to the file system" in lines[1] and len(lines) == 2
     status = cli(db_path, "status").stdout.splitlines()
     assert status[1] == ("pruned:  3 of the done (payload and journal dropped; key, digest, "
                          "effect kept)")
@@ -286,3 +286,18 @@ def test_a_worker_beside_a_prune_loop_loses_nothing_and_doubles_nothing(db_path:
     assert snap.status.states == {"ready": 0, "leased": 0, "done": count, "dead": 0}
     assert snap.money == count * (count + 1) // 2 and snap.status.effects == count
     assert snap.status.pruned == count - 1  # the owner of the journal's last row waits
+
+
+def test_prune_names_the_message_that_waits_because_it_owns_the_journals_newest_row(
+        db_path: Path) -> None:
+    queue = Queue(db_path, clock=ModelClock(1000))
+    queue.enqueue_jsonl(E0001)
+    drain(queue, Handler())
+    queue.clock.set(9000)  # type: ignore[attr-defined]
+    pruned = queue.prune(60)
+    assert (pruned.messages, pruned.waiting) == (0, "E0001")
+    assert pruned.lines()[:2] == [
+        "pruned nothing: no other done message finished at least 60 s before t=9000",
+        "E0001 waits for a later prune: it owns the journal's newest row, which is kept so "
+        "that no journal number is ever used twice"]
+    assert queue.message("E0001").payload is not None and audit.findings(db_path) == []

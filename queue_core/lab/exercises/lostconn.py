@@ -171,6 +171,11 @@ def _raised(run: CutRun, found: Findings) -> None:
                       "(notebook 14)", "never run the effect yourself after a lost connection: "
                       "leave it to the fenced ACK (do nothing and let the lease run out, or "
                       "retry complete with the same lease)")
+        elif _refused_by_the_schema(exc):
+            found.add(f"for {event_id} your function wrote the queue's tables with SQL of its "
+                      f"own, and the schema refused it: {plain(exc)}", "never write the queue's "
+                      "rows yourself: leave the message to the fenced ACK (do nothing and let "
+                      "the lease run out, or retry complete with the same lease)")
         elif isinstance(exc, LeaseLost):
             why = ("its COMMIT had taken effect: the message is done, and the old lease is "
                    "refused" if committed else "its lease is no longer this worker's")
@@ -189,7 +194,16 @@ def _raised(run: CutRun, found: Findings) -> None:
 
 def _rewrote(exc: BaseException) -> bool:
     """An effect written a second time, refused by the effects table's key."""
-    return isinstance(exc, IntegrityViolation) or type(exc).__name__ == "IntegrityError"
+    if isinstance(exc, IntegrityViolation):
+        return True
+    text = str(exc)
+    return type(exc).__name__ in ("IntegrityError", "UniqueViolation") and (
+        "effects" in text and ("UNIQUE" in text or "unique" in text or "duplicate key" in text))
+
+
+def _refused_by_the_schema(exc: BaseException) -> bool:
+    """Another constraint of the schema refused a row written by hand (a CHECK)."""
+    return type(exc).__name__ in ("IntegrityError", "CheckViolation", "NotNullViolation")
 
 
 def _lost(world: Snapshot, found: Findings) -> None:
@@ -206,6 +220,7 @@ def _lost(world: Snapshot, found: Findings) -> None:
 def _settled(world: Snapshot) -> str:
     second = world.messages[CUTS[1][0]]
     how = ("its ACK retried with the same lease, fenced" if second.generation == 1
-           else f"handed out again once its lease ran out, done by generation {second.generation}")
+           else "handed out again (once its lease ran out, or at once if it was given back), "
+                f"done by generation {second.generation}")
     return (f"E0901's COMMIT had taken effect (done by generation 1, its 10000 counted once), "
             f"E0902's had not ({how}): {figures(world.status)}")

@@ -60,10 +60,11 @@ class Witness:
     nonce: str
     key: bytes = field(repr=False, default=_KEY)
 
-    def sign(self, kind: str, before: str, after: str) -> None:
-        """Append one signed entry: ``start``, ``call`` or ``tampered``."""
+    def sign(self, kind: str, before: str, after: str, what: str | None = None) -> None:
+        """Append one signed entry: ``start``, ``call`` or ``tampered``; ``what`` names
+        the call where a check needs to know it (``enqueue``)."""
         entry = {"kind": kind, "exercise": self.exercise, "nonce": self.nonce,
-                 "before": before, "after": after}
+                 "before": before, "after": after, **({"what": what} if what else {})}
         line = json.dumps({**entry, "mac": _mac(self.key, entry)}, sort_keys=True)
         with open(self.record, "a", encoding="utf-8") as out:
             out.write(line + "\n")
@@ -131,10 +132,20 @@ class WitnessedQueue(Queue):
 
     def __init__(self, path: str | os.PathLike[str], *, witness: Witness, **options: Any) -> None:
         self.witness = witness
+        self._what: str | None = None
         super().__init__(path, **options)
 
     def transaction(self, *, relaxed: bool = False) -> Any:
         return self._witnessed(super().transaction(relaxed=relaxed))
+
+    def enqueue(self, batch: Any) -> Any:
+        """``Queue.enqueue``, its transaction signed as an enqueue (exercise 8 asks
+        whether a replay ran after the prune)."""
+        self._what = "enqueue"
+        try:
+            return super().enqueue(batch)
+        finally:
+            self._what = None
 
     @contextmanager
     def _witnessed(self, inner: Any) -> Iterator[sqlite3.Connection]:
@@ -143,7 +154,7 @@ class WitnessedQueue(Queue):
             if before not in self.witness.signed():
                 self.witness.sign("tampered", before, before)
             yield conn
-            self.witness.sign("call", before, content_digest(conn))
+            self.witness.sign("call", before, content_digest(conn), self._what)
 
 
 def queue_signing_as(witness: Witness | None, path: str | os.PathLike[str],

@@ -70,6 +70,8 @@ def check_8(queue: Any, replay: Any = None) -> Verdict:
             found.add(wrong)
         _replay(replay, found)
         if not found:
+            _replayed_after_the_prune(queue, found)
+        if not found:
             _replayed_on_a_copy(queue, found)
         return found.verdict("E0001's payload and journal are gone and its key, digest, effect "
                              "and compacted record kept; the replay of E0001 was a duplicate "
@@ -135,6 +137,24 @@ def _replayed_on_a_copy(queue: Any, found: Findings) -> None:
         found.add(f"a replay of E0001 on a copy of q8 inserts {answer.inserted} and counts "
                   f"{answer.duplicates} duplicates: q8 does not hold E0001's key as a start "
                   "and a prune leave it", _AGAIN)
+
+
+def _replayed_after_the_prune(queue: Any, found: Findings) -> None:
+    """The learner's own replay ran on q8 after its last change (the prune), and
+    changed nothing: its witness holds an enqueue that found and left the same
+    content, after the last call that changed it."""
+    witness = getattr(queue, "witness", None)
+    calls = [entry for entry in (witness.entries() or []) if entry.get("kind") == "call"
+             and witness.genuine(entry)] if witness is not None else []
+    changed = max((i for i, entry in enumerate(calls) if entry["before"] != entry["after"]),
+                  default=-1)
+    if any(entry.get("what") == "enqueue" and entry["before"] == entry["after"]
+           for entry in calls[changed + 1:]):
+        return
+    found.add("no replay of E0001 ran on q8 after its prune: the replay must meet the pruned "
+              "file (a replay before the prune proves nothing about retention, and a result "
+              "typed by hand is no replay)",
+              "prune first, then replay on q8: `replay_8 = q8.enqueue_jsonl(E0001_LINE)`")
 
 
 def _replay(replay: Any, found: Findings) -> None:
