@@ -2,35 +2,29 @@
 
 A file written by any earlier release must open, and migrate; an earlier
 engine must refuse a migrated file and change nothing. Both are tested with
-that release's own code, never a simulation of it: ``export`` writes the
-package ``queue_core`` as it was at a commit into a folder of its own, and
-``run`` runs a script against it in a child process, whose ``import
-queue_core`` finds that folder first.
-
-``ENGINES`` pins each by commit. In a git checkout (CI always has one) the
-history is there; elsewhere (a source archive) ``require_history`` says why
-the test cannot run, and fails under CI rather than skip.
+that release's own code, never a simulation of it: the lab's
+``lifetime.earlier`` exports the package ``queue_core`` as it was at a commit
+into a folder of its own and runs a script against it in a child process.
+This module adds what the tests need on top: ``ENGINES`` pinned by commit,
+and ``require_history``, which says why a test cannot run outside a git
+checkout that holds them (a source archive), and fails under CI (which
+always has the history) rather than skip.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from queue_core.lab.lifetime.earlier import (ENGINES, NoHistory, earlier_cli, export_engine,
+                                            run_earlier)
 
-# commit -> what its engine writes
-ENGINES = {
-    "265c64c": "schema 1, 1 KB pages",
-    # the last commit before 5dd7a2d ("New queue files use 1 KB pages")
-    "0d78855": "schema 1, 4 KB pages",
-}
+__all__ = ["ENGINES", "cli", "export", "has_history", "require_history", "run"]
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def has_history() -> bool:
@@ -56,24 +50,18 @@ def require_history() -> None:
 
 
 def export(commit: str, folder: Path) -> Path:
-    """``queue_core`` as it was at ``commit``, written into ``folder/<commit>``;
-    the folder to put first on ``sys.path``."""
-    target = folder / commit
-    if (target / "queue_core" / "__init__.py").exists():
-        return target
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit,
-                              "queue_core"], check=True, capture_output=True, timeout=60).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(target, filter="data")
-    return target
+    """``queue_core`` as it was at ``commit``, in ``folder/<commit>``: the folder to put
+    first on ``sys.path``."""
+    try:
+        return export_engine(commit, folder)
+    except NoHistory as why:
+        pytest.fail(str(why))
 
 
 def run(engine: Path, script: str, *args: str, timeout: float = 60,
         check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``script`` in a child process whose ``queue_core`` is ``engine``'s."""
-    env = {**os.environ, "PYTHONPATH": str(engine), "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=engine,
-                          capture_output=True, text=True, timeout=timeout)
+    done = run_earlier(engine, script, *args, timeout=timeout)
     if check and done.returncode != 0:
         raise AssertionError(f"the engine of {engine.name} failed ({done.returncode}):\n"
                              f"{done.stdout}\n{done.stderr}")
@@ -82,6 +70,4 @@ def run(engine: Path, script: str, *args: str, timeout: float = 60,
 
 def cli(engine: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``python -m queue_core ARGS`` of ``engine``, in a child process."""
-    return run(engine, "import sys, runpy; sys.argv = ['queue-core', *sys.argv[1:]]; "
-               "runpy.run_module('queue_core', run_name='__main__')", *args,
-               timeout=timeout, check=False)
+    return earlier_cli(engine, *args)

@@ -11,7 +11,6 @@ engine that is running while ``migrate`` commits is refused loudly.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import pytest
 
 import pg
 import previous_engine
+from queue_core.lab.lifetime.earlier import V1_STORY
 from queue_core import (BatchRejected, Handler, ModelClock, Queue, UnusableFile, audit, drain,
                         migrate, postgres)
 from queue_core.crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
@@ -36,16 +36,8 @@ STATES_BEFORE = {"E0001": "done", "E0002": "dead", "E0003": "done", "E0004": "le
                  "E0005": "ready"}
 
 
-def _make_files() -> Any:
-    spec = importlib.util.spec_from_file_location("make_files", ROOT / "tests/files/make_files.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # The committed files' scenario, without its last lines (they tidy a SQLite file's -wal).
-SCRIPT = _make_files().SCRIPT.split("# That release's status()")[0]
+SCRIPT = V1_STORY.split("import sqlite3")[0]
 assert "queue.enqueue_jsonl(" in SCRIPT and "sqlite3" not in SCRIPT
 
 
