@@ -223,12 +223,23 @@ def test_a_running_worker_of_the_earlier_engine_is_refused_loudly_or_stays_corre
     assert "finished_at_iff_done" in said["ack"]["text"]
     assert said["enqueue"]["error"] == "NotNullViolation", said["enqueue"]
     assert "payload_sha256" in said["enqueue"]["text"]
-    assert said["replay"].get("ok") == "EnqueueResult(inserted=0, duplicates=1)", (said, err)
-    assert said["fail"].get("ok", "").startswith("Outcome(event_id='E0005', kind='retry'"), \
-        (said, err)
+    # After a refused statement that release's session may stay in its aborted
+    # transaction (its pipeline was not always left on an error: a bug this release
+    # fixed), so its next calls are refused too: loudly, and writing nothing. Where
+    # its session recovered, they are still correct.
+    stuck = {"error": "InFailedSqlTransaction",
+             "text": "current transaction is aborted, commands ignored until end of "
+                     "transaction block"}
+    for step, ok in (("replay", "EnqueueResult(inserted=0, duplicates=1)"),
+                     ("fail", "Outcome(event_id='E0005', kind='retry'")):
+        got = said[step]
+        assert got.get("ok", "").startswith(ok) or {k: got.get(k) for k in stuck} == stuck, \
+            (said, err)
+    failed = said["fail"].get("ok") is not None
     snap = audit.snapshot(schema1)
     assert audit.check(snap) == [] and "E0009" not in snap.messages
-    assert snap.states() == {**STATES_BEFORE, "E0005": "ready"} and snap.money == 15000
+    assert snap.states() == {**STATES_BEFORE, "E0005": "ready" if failed else "leased"}
+    assert snap.money == 15000
     drain(Queue(schema1, clock=ModelClock(2000)), Handler())
     snap = audit.snapshot(schema1)
     assert audit.check(snap) == [] and snap.money == 17700
