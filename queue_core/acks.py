@@ -6,6 +6,16 @@ fenced by the lease: the payload is read from the database and checked
 connection, and the guarded UPDATE (``transitions.ACK``) re-checks the lease
 after the handler ran. ``Queue`` inherits these; the worker loop's
 ``complete_and_claim`` also claims the next due message before the commit.
+
+On PostgreSQL the worker loop's step is one call of a function of the schema
+(``postgres.STEP_FUNCTION``), one round trip per message: the handler
+computes the effect from the payload the claim returned with the lease
+(``Lease.payload``: read from the database, as SPEC section 4 asks, by the
+claim instead of by the ACK; a payload never changes, SPEC section 2), and
+the server writes it and marks the message ``done`` under the same guard,
+which also requires that payload's SHA-256 to be the stored one. A handler
+that writes more than its effect (one that overrides ``apply``) needs the
+transaction open while it runs, and gets the path above.
 """
 
 from __future__ import annotations
@@ -17,8 +27,9 @@ from typing import Any, Iterable, Sequence
 
 from .clock import Clock
 from .crashpoints import crash_point
-from .errors import IntegrityViolation, QueueError
+from .errors import IntegrityViolation, InvalidPayload, QueueError, TransientError
 from .handler import Handler
+from .ingest import payload_digest
 from .stores import Store
 from .transitions import ACK, FENCE_COLUMNS, FENCE_SELECT, check_fence, explain_miss
 from .values import Effect, Lease
@@ -35,6 +46,8 @@ class QueueAcks:
 
     clock: Clock
     store: Store
+    lease_seconds: int
+    max_attempts: int
 
     def transaction(self, *, relaxed: bool = False) -> AbstractContextManager[Any]:
         raise NotImplementedError  # Queue's
@@ -77,8 +90,14 @@ class QueueAcks:
         transient error), everything is rolled back and nothing is claimed.
         A worker that dies after the commit holds a lease like any other:
         it expires, and the next claim recovers it.
+
+        On PostgreSQL, for a handler that writes only its effect, the step is
+        one call of the schema's function (``_step_on_server``), with the
+        same outcomes and codes.
         """
         _require_lease(lease)
+        if self.store.fused_step and lease.payload is not None and _effect_only(handler):
+            return self._step_on_server(lease, handler)
         with self.transaction() as conn:
             journal: list[tuple[Any, ...]] = []
             effect, now = self._ack(conn, lease, self._fence_row(conn, lease), handler, journal,
@@ -89,6 +108,38 @@ class QueueAcks:
         crash_point("complete_and_claim.after_commit")
         following = _leases(claimed)
         return effect, (following[0] if following else None)
+
+    def _step_on_server(self, lease: Lease, handler: Handler) -> tuple[Effect, Lease | None]:
+        """``complete_and_claim`` as one call of PostgreSQL's step function.
+
+        The effect is computed from ``lease.payload``, the payload the claim
+        read from the database; the server refuses it unless that payload's
+        SHA-256 is the stored one (``payload_differs``: a lease whose payload
+        was changed after the claim). The call, its ``BEGIN`` and its
+        ``COMMIT`` travel together. Crash points: those inside the server's
+        function cannot exist; ``before_commit`` is reached with the call sent
+        and not committed, ``after_commit`` once it committed.
+        """
+        assert lease.payload is not None
+        try:
+            with self.transaction() as conn:
+                try:
+                    handler.fault(conn, lease.event_id)
+                    effect = handler.effect_of(json.loads(lease.payload))
+                except (InvalidPayload, TransientError):
+                    # The lease is judged first, as complete's fence judges it: an
+                    # attempt no longer this lease's is not this worker's to fail.
+                    check_fence(lease, self._fence_row(conn, lease), self.clock.now())
+                    raise
+                rows = self.store.step(  # type: ignore[attr-defined]
+                    conn, lease, payload_digest(lease.payload), effect, self.clock,
+                    self.lease_seconds, self.max_attempts)
+                crash_point("complete_and_claim.before_commit")
+        except self.store.integrity_errors as exc:  # the schema refused the effect
+            raise IntegrityViolation(f"{lease.event_id}: {str(exc).splitlines()[0]}") from exc
+        found = _stepped(lease, list(rows))
+        crash_point("complete_and_claim.after_commit")
+        return effect, found
 
     def complete_batch(self, leases: Sequence[Lease],
                        handler: Handler) -> list[Effect | QueueError]:
@@ -170,7 +221,28 @@ class QueueAcks:
 
 def _leases(rows: Iterable[tuple[Any, ...]]) -> list[Lease]:
     """The leases of ``transitions.CLAIM``'s rows."""
-    return [Lease(row[0], row[3], row[4], row[6]) for row in rows]
+    return [Lease(row[0], row[3], row[4], row[6], row[8]) for row in rows]
+
+
+def _effect_only(handler: Handler) -> bool:
+    """Whether ``handler`` writes nothing but its effect (``Handler.apply`` as written)."""
+    return type(handler).apply is Handler.apply
+
+
+def _stepped(lease: Lease, rows: list[tuple[Any, ...]]) -> Lease | None:
+    """The next lease of the step function's rows (``postgres.STEP_FUNCTION``),
+    or raise why it refused ``lease``, as the client's own ACK says it."""
+    kind = rows[0][0] if rows else None
+    if kind == "done":
+        return next((Lease(row[1], row[2], row[3], row[4], row[6]) for row in rows[1:]), None)
+    stored = None if kind is None else (rows[0][5], rows[0][2], rows[0][4], "")
+    at = rows[0][7] if rows else 0
+    check_fence(lease, stored, at)  # raises LeaseLost or UnknownEvent if the lease is lost
+    if kind == "digest_differs":
+        raise IntegrityViolation(f"{lease.event_id}: the payload this lease carries is not the "
+                                 "stored one (its SHA-256 differs); the effect was not written",
+                                 code="payload_differs")
+    raise AssertionError(f"{lease.event_id}: the step refused a lease that holds")
 
 
 def _by_event_id(conn: sqlite3.Connection, columns: str,

@@ -40,6 +40,12 @@ Crash points, in the order a message meets them:
 protocols of ``queue_core.lab.story.contrasts``, which split the effect and the ACK
 into two transactions: the first has committed, the second has not begun.
 
+On PostgreSQL the worker loop's step is one call of the schema's function
+(``postgres.STEP_FUNCTION``): no Python runs between its statements, so its
+``after_insert`` and ``after_recheck`` do not exist there
+(``INSIDE_THE_SERVER_STEP``). Its ``before_commit`` is reached with the call
+sent inside the open transaction, its ``after_commit`` once it committed.
+
 ``PROTOCOL_POINTS`` lists the protocol's own points in that order,
 ``POINTS`` adds the contrasts' one in its place (the crash sweep derives its
 rows from it); ``arm``
@@ -70,6 +76,7 @@ PROTOCOL_POINTS = (
     "fail.after_commit",
 )
 BETWEEN_TRANSACTIONS = "complete.between_transactions"
+INSIDE_THE_SERVER_STEP = ("complete_and_claim.after_insert", "complete_and_claim.after_recheck")
 # Every point in the order a message meets it; the contrasts' one sits between
 # the first transaction's commit and the second's.
 POINTS = tuple(point for name in PROTOCOL_POINTS for point in (

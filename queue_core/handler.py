@@ -15,6 +15,10 @@ from .values import Effect
 
 DEFAULT_CATEGORIES = frozenset({"book", "pen", "bag"})
 MAX_AMOUNT_CENTS = 9_999_999
+# The one write of ``Handler.apply``; PostgreSQL's worker step runs the same
+# statement on the server (``postgres.STEP_FUNCTION``). Parameters: event_id,
+# category, amount_cents.
+EFFECT_INSERT = "INSERT INTO effects (event_id, category, amount_cents) VALUES (?, ?, ?)"
 
 
 class Handler:
@@ -61,8 +65,7 @@ class Handler:
         """Write the effect with ``conn``, inside the caller's open transaction."""
         self.fault(conn, event_id)
         effect = self.effect_of(payload)
-        conn.execute("INSERT INTO effects (event_id, category, amount_cents) VALUES (?, ?, ?)",
-                     (event_id, effect.category, effect.amount_cents))
+        conn.execute(EFFECT_INSERT, (event_id, effect.category, effect.amount_cents))
         return effect
 
     def __repr__(self) -> str:

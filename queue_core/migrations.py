@@ -1,10 +1,13 @@
 """Upgrading a queue to the engine's schema version, one step per version.
 
 A queue's schema version is ``PRAGMA user_version`` in a SQLite file, the
-``schema_version`` of ``queue_core_meta`` on PostgreSQL; both stores share
-one number (``storage.SCHEMA_VERSION``). Each store lists its steps
-(``storage.SQLITE_STEPS``, ``postgres.POSTGRES_STEPS``), one per version,
-and runs each in ONE transaction that reads the version again inside it:
+``schema_version`` of ``queue_core_meta`` on PostgreSQL. Each store counts
+its own (``storage.SCHEMA_VERSION``, 2; ``postgres.SCHEMA_VERSION``, 3): the
+first two mean the same tables on both, and version 3 adds PostgreSQL's
+worker step as a function of the schema, which a SQLite file has no use for
+and is not rewritten for. Each store lists its steps (``storage.SQLITE_STEPS``,
+``postgres.POSTGRES_STEPS``), one per version, and runs each in ONE
+transaction that reads the version again inside it:
 
 - a crash (or a power loss) leaves the old version intact or the new one
   complete, never a mixture;
@@ -22,7 +25,9 @@ them touches what schema 2 added) or refuses loudly, changing nothing (an
 ACK without its finish time, and an enqueue without its payload's digest,
 fail the schema's CHECK and NOT NULL constraints). So no row is ever written
 that schema 2 misreads; the refused ACK's lease expires, and a worker of
-this engine finishes the message.
+this engine finishes the message. PostgreSQL's step from 2 to 3 adds a
+function and changes no table: a worker of the release before goes on
+unchanged across it.
 
 What a step does not change: the page size and the auto-vacuum mode of an
 existing SQLite file (only ``VACUUM`` can, rewriting the whole file). A file
@@ -35,7 +40,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .storage import SCHEMA_VERSION
 from .stores import open_store
 
 __all__ = ["Migration", "migrate"]
@@ -73,7 +77,7 @@ def migrate(target: str | os.PathLike[str]) -> Migration:
     """Upgrade the queue at ``target`` to this version's schema, and say what was done.
 
     ``target`` is a file or a ``postgresql://`` string; each step from its
-    version to ``SCHEMA_VERSION`` runs in one transaction.
+    version to the store's (``schema_version``) runs in one transaction.
 
     Refuses what ``Queue`` refuses (``no_queue_file``, ``not_a_queue``,
     ``schema_too_new``, ...) without writing a byte. On PostgreSQL a step
@@ -83,7 +87,7 @@ def migrate(target: str | os.PathLike[str]) -> Migration:
     store = open_store(target)
     start = store.prepare(create=False)
     version, steps = start, []
-    while version < SCHEMA_VERSION:
+    while version < store.schema_version:
         rows = store.migrate_step(version)
         if rows is not None:  # None: another migrator applied this step first
             steps.append((version, rows))

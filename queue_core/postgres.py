@@ -44,14 +44,23 @@ from urllib.parse import urlsplit
 
 import psycopg
 
+from .clock import Clock
 from .crashpoints import crash_point
 from .errors import LockTimeout, UnusableFile
 from .pgsession import (CLIENT_SETTINGS, TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE,
                         given_options, one_line, raise_translated, session_options)
-from .storage import APPLICATION_ID, SCHEMA_VERSION
-from .transitions import JOURNAL_COLUMNS, write_journal
+from .handler import EFFECT_INSERT
+from .storage import APPLICATION_ID
+from .values import Effect, Lease
+from .transitions import (ACK_OF_DIGEST, CLAIM, DUE, EXPIRED, JOURNAL_COLUMNS, RECOVER, picking,
+                          write_journal)
 
 CONNECT_TIMEOUT_SECONDS = 10
+# The schema version a PostgreSQL queue has: 2 as SQLite's, and the worker's
+# step as a function of the schema (3). Each store counts its own versions: a
+# SQLite file has no use for a server-side function, and is not rewritten
+# for one. ``migrations`` upgrades a schema of every earlier version to it.
+SCHEMA_VERSION = 3
 
 T = TypeVar("T")
 META_TABLE = "queue_core_meta"
@@ -148,6 +157,14 @@ def _journalled(sql: str, order: tuple[str, ...]) -> str:
             f"(at, {JOURNAL_COLUMNS}) SELECT ?, {JOURNAL_COLUMNS} FROM changed{by}) "
             f"SELECT * FROM changed{by}")
     return wrapped
+
+
+def _bound(sql: str, names: tuple[str, ...]) -> str:
+    """``sql`` with its ``?`` parameters, in order, replaced by ``names``."""
+    parts = sql.split("?")
+    if len(parts) != len(names) + 1:
+        raise AssertionError(f"{len(parts) - 1} parameters, {len(names)} names: {sql}")
+    return "".join(part + name for part, name in zip(parts, names)) + parts[-1]
 
 
 class PgConnection:
@@ -303,6 +320,8 @@ class PostgresStore:
     """A queue in a PostgreSQL database (its current schema), given a connection string."""
 
     name = "postgres"
+    schema_version = SCHEMA_VERSION
+    fused_step = True  # the worker's step is a function of the schema (``step``)
     integrity_errors: tuple[type[BaseException], ...] = (psycopg.errors.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     def __init__(self, dsn: str) -> None:
@@ -389,6 +408,19 @@ class PostgresStore:
         """
         conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
 
+    def step(self, conn: PgConnection, lease: Lease, digest: bytes, effect: Effect,
+             clock: Clock, lease_seconds: int, max_attempts: int,
+             claim: int = 1) -> Sequence[tuple[Any, ...]]:
+        """Send the worker's step (``STEP_FUNCTION``) in the caller's transaction:
+        ACK ``lease`` with ``effect``, computed from the payload whose SHA-256 is
+        ``digest``, then claim up to ``claim`` due messages. Its rows are read
+        when first looked at, so it travels with the ``COMMIT``: one round trip.
+        A clock that is this server's (``DatabaseClock``) is read by the call."""
+        now = None if isinstance(clock, DatabaseClock) and clock.dsn == self.target else clock.now()
+        return _Pending(conn.execute(STEP_CALL, (lease.event_id, lease.generation, digest,
+                                                 effect.category, effect.amount_cents, now,
+                                                 lease_seconds, max_attempts, claim)))
+
     def transition(self, conn: PgConnection, sql: str, params: tuple[Any, ...], at: int,
                    journal: list[tuple[Any, ...]], order: tuple[str, ...] = ()
                    ) -> Sequence[tuple[Any, ...]]:
@@ -427,7 +459,7 @@ class PostgresStore:
                 # Two processes may create at once: the second waits, then finds the mark.
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
                 if not self.inspect(conn):
-                    for statement in SCHEMA.split(";\n"):
+                    for statement in [*SCHEMA.split(";\n"), STEP_FUNCTION]:
                         conn.execute(statement)
             return SCHEMA_VERSION
         finally:
@@ -458,7 +490,8 @@ class PostgresStore:
                                          "FOR UPDATE").fetchone()
                     if found is None or found[0] != version:
                         return None
-                    rows = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+                    rows = (conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+                            if version in REWRITES_MESSAGES else 0)
                     for statement in POSTGRES_STEPS[version]:
                         conn.execute(statement)
                     crash_point("migrate.after_copy")
@@ -516,11 +549,97 @@ _POSTGRES_1_TO_2 = (
     LIVE_INDEX,
     COMPACTED_TABLE,
 )
-POSTGRES_STEPS: dict[int, tuple[str, ...]] = {1: _POSTGRES_1_TO_2}
+POSTGRES_STEPS: dict[int, tuple[str, ...]] = {1: _POSTGRES_1_TO_2}  # and 2, below
 # How long a migration step waits for a lock a worker holds before it gives up.
 # While it waits, every worker's next statement on the table waits behind it:
 # this is also the longest a step can hold the workers up before it starts.
 MIGRATION_LOCK_TIMEOUT = "5s"
+
+
+STEP_FUNCTION_NAME = "queue_core_step"
+
+
+def _into(statement: str, target: str) -> str:
+    """A journalled statement (``_journalled``) whose changed rows go INTO
+    ``target``: PL/pgSQL runs a data-modifying statement only with a destination."""
+    return statement.replace("SELECT * FROM changed", f"SELECT * INTO {target} FROM changed", 1)
+
+
+def _step_function() -> str:
+    """The text of the worker's step on the server (see ``STEP_FUNCTION``)."""
+    ack = _bound(_journalled(ACK_OF_DIGEST, ()),
+                 ("v_now", "p_event_id", "p_generation", "v_now", "p_digest", "v_now"))
+    recover = _bound(_journalled(picking(RECOVER, EXPIRED, PostgresStore.picked), ()),
+                     ("p_max_attempts", "p_max_attempts", "v_now", "v_now"))
+    claim = _bound(_journalled(picking(CLAIM, DUE, PostgresStore.picked),
+                               ("available_at", "event_id")),
+                   ("v_now + p_lease_seconds", "v_now", "p_claim", "v_now"))
+    claimed = claim.replace("SELECT * FROM changed ORDER BY",
+                            "SELECT 'claimed', event_id, generation, attempts, lease_until, "
+                            "'leased', payload, v_now FROM changed ORDER BY", 1)
+    # Handler.apply's INSERT, its VALUES taken from the row the ACK changed: none if it was refused
+    into, values = EFFECT_INSERT.split(" VALUES ")
+    effect = f", effected AS ({into} SELECT p_event_id, p_category, p_amount_cents FROM changed) "
+    assert values == "(?, ?, ?)", EFFECT_INSERT
+    ack = ack.replace(") SELECT * FROM changed", ")" + effect + "SELECT * FROM changed", 1)
+    return f"""CREATE FUNCTION {STEP_FUNCTION_NAME}(
+    p_event_id text, p_generation bigint, p_digest bytea, p_category text,
+    p_amount_cents bigint, p_now bigint, p_lease_seconds bigint, p_max_attempts bigint,
+    p_claim integer)
+RETURNS TABLE (kind text, event_id text, generation bigint, attempts bigint,
+               lease_until bigint, state text, payload text, at bigint)
+LANGUAGE plpgsql AS $step$
+#variable_conflict use_column
+DECLARE
+    v_now bigint := coalesce(p_now, floor(extract(epoch FROM clock_timestamp()))::bigint);
+    v_acked record;
+    v_recovered record;
+BEGIN
+    {_into(ack, "v_acked")};
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT CASE WHEN m.payload_sha256 = p_digest THEN 'refused'
+                                 ELSE 'digest_differs' END,
+                            m.event_id, m.generation, m.attempts, m.lease_until, m.state,
+                            NULL::text, v_now
+                     FROM messages AS m WHERE m.event_id = p_event_id;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'done', p_event_id, v_acked.generation, v_acked.attempts,
+                        NULL::bigint, 'done', NULL::text, v_now;
+    IF p_claim > 0 THEN
+        {_into(recover, "v_recovered")};
+        RETURN QUERY {claimed};
+    END IF;
+END
+$step$"""
+
+
+# The worker loop's step as ONE call (schema version 3): the ACK of one lease,
+# and the claim of the next due message, in the caller's transaction. The
+# handler computes the effect in Python from the payload the claim returned;
+# the server writes it, guarded as every ACK is (``transitions.ACK``) and by
+# that payload's digest, so that one round trip per message is the steady
+# state. The statements are the protocol's own texts, the call's arguments in
+# place of their parameters; each journals its rows as the client's do.
+#   - The ACK's guarded UPDATE runs first, its journal row and the effect's
+#     INSERT in the same statement, written only for the row it changed: a
+#     refused ACK writes nothing and claims nothing, and answers one row (the
+#     stored state, generation and deadline, and whether the digest matched)
+#     from which the client says why (``check_fence``), with the codes of
+#     every other ACK.
+#   - ``p_now`` NULL reads the server's clock when the call runs
+#     (``DatabaseClock``'s time): such a client needs no round trip for it.
+# Rows (kind, event_id, generation, attempts, lease_until, state, payload, at):
+# ('done', the ACKed event), then ('claimed', ...) for each lease taken; or one
+# row ('refused' or 'digest_differs': the stored message) and nothing written;
+# none for an event that is not stored. ``at`` is the time the call judged by.
+STEP_FUNCTION = _step_function()
+# Schema 2 -> 3: the step's function, beside tables that do not change. A worker
+# of the earlier engine still running when it commits goes on unchanged.
+POSTGRES_STEPS[2] = (STEP_FUNCTION,)
+REWRITES_MESSAGES = frozenset({1})  # the steps that rewrite every message (the others none)
+STEP_CALL = (f"SELECT * FROM {STEP_FUNCTION_NAME}(?::text, ?::bigint, ?::bytea, ?::text, "
+             "?::bigint, ?::bigint, ?::bigint, ?::bigint, ?::integer)")
 
 
 class DatabaseClock:

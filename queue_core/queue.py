@@ -34,7 +34,7 @@ from .clock import Clock, SystemClock
 from .crashpoints import crash_point
 from .errors import BatchConflict, NotRedrivable, UnknownEvent
 from .ingest import EVENT_ID, Batch, parse_batch, payload_digest, read_batch
-from .storage import SCHEMA_VERSION, SYNCHRONOUS_MODES, too_old
+from .storage import SYNCHRONOUS_MODES, too_old
 from .stores import open_store
 from .transitions import (CLAIM, DUE, EXPIRED, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss,
                           picking, write_journal)
@@ -144,8 +144,8 @@ class Queue(QueueAcks, QueueViews):
         success, roll back on any exception. ``relaxed=True`` commits it
         without an fsync (claims only; see ``claim_batch``).
         """
-        if self.schema_version != SCHEMA_VERSION:
-            raise too_old(self.store.describe(), self.schema_version)
+        if self.schema_version != self.store.schema_version:
+            raise too_old(self.store.describe(), self.schema_version, self.store.schema_version)
         # In a session the transaction helper is entered directly: a worker
         # runs this twice per message, and two nested generator-based context
         # managers cost more CPU than the statements they wrap.

@@ -44,7 +44,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol, 
 
 from . import audit
 from .crashpoints import crash_point
-from .storage import BUSY_TIMEOUT_SECONDS, SCHEMA_VERSION, too_old
+from .storage import BUSY_TIMEOUT_SECONDS, too_old
 from .values import Message, State, Transition
 
 from .clock import Clock
@@ -150,8 +150,9 @@ def prune(queue: Queue, older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pr
                          f"got {older_than!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if queue.schema_version != SCHEMA_VERSION:  # before the first read of what schema 2 added
-        raise too_old(queue.store.describe(), queue.schema_version)
+    if queue.schema_version != queue.store.schema_version:  # before the first read of what
+        # schema 2 added
+        raise too_old(queue.store.describe(), queue.schema_version, queue.store.schema_version)
     now = queue.clock.now()
     cutoff = now - older_than
     pruned = rows = batches = 0

@@ -532,10 +532,11 @@ def schema_version(path: str | os.PathLike[str]) -> int:
         return int.from_bytes(file.read(64)[60:64], "big")
 
 
-def too_old(where: str, version: int) -> UnusableFile:
-    """The refusal of a write to a queue of an earlier schema version."""
+def too_old(where: str, version: int, current: int = SCHEMA_VERSION) -> UnusableFile:
+    """The refusal of a write to a queue of an earlier schema version than
+    ``current``, the one this engine writes on that store."""
     return UnusableFile("schema_too_old", f"{where} has queue schema version {version}; this "
-                        f"version of queue_core writes version {SCHEMA_VERSION}: run "
+                        f"version of queue_core writes version {current}: run "
                         "`queue-core migrate` first (reading commands read it as it is)")
 
 
@@ -752,6 +753,8 @@ class SqliteStore:
     """
 
     name = "sqlite"
+    schema_version = SCHEMA_VERSION
+    fused_step = False  # the worker's step runs here, in one local transaction
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -27,6 +27,8 @@ class Store(Protocol):
 
     name: str
     target: str                                      # the path or the connection string
+    schema_version: int                              # the version this engine writes here
+    fused_step: bool                                 # whether ``step`` exists (PostgreSQL)
     integrity_errors: tuple[type[BaseException], ...]
     errors: tuple[type[BaseException], ...]
 
@@ -38,7 +40,7 @@ class Store(Protocol):
     def describe(self) -> str: ...
     def prepare(self, *, create: bool = True) -> int:
         """Create the queue if allowed and missing, or check its mark; return its
-        schema version (``SCHEMA_VERSION``, or an earlier one that ``migrate``
+        schema version (``schema_version``, or an earlier one that ``migrate``
         upgrades). Writes nothing unless it creates."""
         ...
     def migrate_step(self, version: int) -> int | None:

@@ -51,13 +51,15 @@ DUE = (f"SELECT event_id FROM messages WHERE state = 'ready' AND {LIVE} AND avai
 EXPIRED = f"SELECT event_id FROM messages WHERE state = 'leased' AND {LIVE} AND lease_until <= ?"
 
 # ready -> leased: the due messages in (available_at, event_id) order, up to a limit
-# (``{picked}`` is the store's form of ``DUE``). Parameters: lease_until, now, limit. Also returns lease_until and available_at
-# (unchanged by the claim: it orders the leases, since RETURNING promises no order).
+# (``{picked}`` is the store's form of ``DUE``). Parameters: lease_until, now, limit.
+# Also returns lease_until, available_at (unchanged by the claim: it orders the
+# leases, since RETURNING promises no order) and the stored payload, which the
+# lease carries to its holder (``Lease.payload``).
 CLAIM = ("UPDATE messages SET state = 'leased', attempts = attempts + 1, "
          "generation = generation + 1, lease_until = ? "
          "WHERE state = 'ready' AND event_id {picked} "
          "RETURNING event_id, 'ready' AS from_state, 'leased' AS to_state, generation, "
-         "attempts, 'claimed' AS reason, lease_until, available_at")
+         "attempts, 'claimed' AS reason, lease_until, available_at, payload")
 
 # leased -> ready (budget left: available again from the old deadline on) or
 # leased -> dead (no attempt left), for every lease whose deadline has passed
@@ -76,12 +78,17 @@ RECOVER = ("UPDATE messages SET "
 # this generation, before its deadline. Parameters: event_id, generation, now.
 HELD = "event_id = ? AND state = 'leased' AND generation = ? AND lease_until > ?"
 
-# leased -> done, the ACK's write (the effect is INSERTed before it, in the same
+# leased -> done, the ACK's write (the effect is INSERTed in the same
 # transaction), with the time it finished, from which retention counts its age.
 # Parameters: finished_at, the guard's.
 ACK = ("UPDATE messages SET state = 'done', lease_until = NULL, finished_at = ? WHERE " + HELD +
        " RETURNING event_id, 'leased' AS from_state, 'done' AS to_state, generation, "
        "attempts, 'completed' AS reason")
+# The same ACK for an effect computed from the payload the claim returned
+# (PostgreSQL's worker step, ``postgres.STEP_FUNCTION``): also guarded by that
+# payload's SHA-256, so that an effect of anything but the stored payload is
+# never marked done. Parameters: finished_at, the guard's, the digest.
+ACK_OF_DIGEST = ACK.replace(" RETURNING ", " AND payload_sha256 = ? RETURNING ", 1)
 
 # leased -> ready (retry later) or leased -> dead, after a failure.
 # Parameters: to_state, available_at, code, the guard's, reason.

@@ -29,6 +29,11 @@ class Lease:
     generation: int
     attempt: int
     lease_until: int
+    # The stored payload, as the claim read it (``None`` for a lease made by
+    # hand): PostgreSQL's worker step computes the effect from it, and the
+    # server refuses the ACK unless its SHA-256 is the stored one. Not part of
+    # the token's identity, and never shown.
+    payload: str | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

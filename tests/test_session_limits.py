@@ -151,11 +151,11 @@ def test_a_long_handler_that_keeps_its_lease_by_heartbeat_outlives_every_session
 
 # ``queue-core work`` whose ACK of the first message meets that message's row
 # held by another transaction (as a claim recovering the lease would hold it),
-# armed at the ACK's effect INSERT (argv: dsn, then work's own arguments).
+# taken in the handler's hook that every ACK calls before its guarded UPDATE
+# (argv: dsn, then work's own arguments).
 HELD_ROW_WORKER = """
 import sys, threading
 import psycopg
-import queue_core.crashpoints as crashpoints
 
 dsn = sys.argv[1]
 locked = threading.Event()
@@ -166,14 +166,16 @@ def hold_the_row():
         locked.set()
         threading.Event().wait(2.0)  # longer than the worker's lock_timeout, then let go
 
-def take_the_row():  # every arrival at the armed point comes here: act at the first only
-    crashpoints.arm(None)
+from queue_core.handler import Handler
+
+def take_the_row(self, conn, event_id):  # the handler's hook, first in every ACK: act once
+    if locked.is_set():
+        return
     threading.Thread(target=hold_the_row).start()
     if not locked.wait(10):
         sys.exit("the other transaction never took the row")
 
-crashpoints._arrive = take_the_row
-crashpoints.arm("complete_and_claim.after_insert")
+Handler.fault = take_the_row  # before the ACK's guarded UPDATE, on either path
 from queue_core.cli import main
 sys.exit(main(["--db", dsn, *sys.argv[2:]]))
 """

@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[3]
 ENGINES = {"265c64c": "schema 1, 1 KB pages",
            "0d78855": "schema 1, 4 KB pages"}  # the last before new files got 1 KB pages
 PREVIOUS = "265c64c"
+# The last release before PostgreSQL's schema 3 (the worker's step as a function):
+# it writes schema 2 on both stores, and SQLite's schema 2 is still this engine's.
+SCHEMA2_ENGINE = "5e07019"
 
 # One state of every kind, written by the earlier engine on a model clock:
 # E0001 and E0003 done (E0003 at generation 2), E0002 dead, E0004 leased until

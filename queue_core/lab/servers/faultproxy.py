@@ -11,13 +11,15 @@ text, as ``sslmode=prefer`` allows; ``dsn()`` also says ``sslmode=disable``.
 A ``Fault`` names the moment and what happens there:
 
 - ``statement="..."``: before the statement whose SQL contains that text
-  reaches the server (at its Parse, or at its Bind when it is prepared);
+  reaches the server (at its Parse, or at its Bind when it is prepared); a
+  tuple of texts matches a statement that contains any of them;
 - ``reply="COMMIT"``: after the server has answered that command (its
   CommandComplete), before the answer reaches the client: the server has
   committed, and the client cannot know;
 - ``occurrence``: which matching arrival, counted over every connection;
-- ``after="..."``: count only once a statement containing that text has
-  reached the server (the COMMIT that follows the first ACK, say).
+- ``after="..."``: count only once a statement containing that text (or any
+  of a tuple of texts) has reached the server (the COMMIT that follows the
+  first ACK, say).
 
 The actions: ``cut`` closes both sides (the client reads end of file);
 ``reset`` closes the client's side with a TCP reset; ``blackhole`` forwards
@@ -57,11 +59,11 @@ class Fault:
     """What to break (``action``), where (``statement`` or ``reply``) and when (``occurrence``)."""
 
     action: str
-    statement: str | None = None
+    statement: str | tuple[str, ...] | None = None
     reply: str | None = None
     occurrence: int = 1
     seconds: float = 1.0
-    after: str | None = None
+    after: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -176,10 +178,11 @@ class FaultProxy:
         if fault is None or self.fired.is_set():
             return False
         if not self._armed:
-            self._armed = kind == "statement" and fault.after in text
+            self._armed = kind == "statement" and _contains(text, fault.after)
             return False
         wanted = fault.statement if kind == "statement" else fault.reply
-        if wanted is None or (wanted not in text if kind == "statement" else text != wanted):
+        if wanted is None or (not _contains(text, wanted) if kind == "statement"
+                              else text != wanted):
             return False
         with self._lock:
             self._matches += 1
@@ -188,6 +191,13 @@ class FaultProxy:
                 self.fired_at = time.monotonic()
                 self.fired.set()
         return hit
+
+
+def _contains(text: str, wanted: str | tuple[str, ...] | None) -> bool:
+    """Whether ``text`` holds ``wanted``, or one of a tuple of texts."""
+    if wanted is None:
+        return False
+    return any(part in text for part in ((wanted,) if isinstance(wanted, str) else wanted))
 
 
 class _Link:

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ... import audit
 from ...clock import ModelClock
@@ -36,6 +36,9 @@ from ...queue import Queue
 from ...storage import connect, is_connection_string
 from ..story.child import collect, open_gate, reap, run_child
 from ..story.scenario import START
+
+if TYPE_CHECKING:
+    from ...handler import Handler
 
 LONG_LEASE_SECONDS = 600  # the model clock stands still: no lease expires during a run
 
@@ -270,11 +273,13 @@ class PgTransactions:
     synchronous_commit: str
 
 
-def pg_round_trips(dsn: str, messages: int = 20) -> PgTransactions:
+def pg_round_trips(dsn: str, messages: int = 20, handler: Handler | None = None
+                   ) -> PgTransactions:
     """Drain ``messages`` orders from the new queue ``dsn`` (``drain``, the
-    worker loop) with libpq tracing the connection; every transaction's round
-    trips and commits. A transaction ends where the server says it is idle
-    again (``ReadyForQuery``, status ``I``)."""
+    worker loop, with ``handler``: the business handler by default) with
+    libpq tracing the connection; every transaction's round trips and
+    commits. A transaction ends where the server says it is idle again
+    (``ReadyForQuery``, status ``I``)."""
     from psycopg.pq import Trace
 
     from ...handler import Handler
@@ -287,7 +292,7 @@ def pg_round_trips(dsn: str, messages: int = 20) -> PgTransactions:
         sync = str(raw.execute("SHOW synchronous_commit").fetchone()[0])
         raw.pgconn.trace(log.fileno())
         raw.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
-        done = drain(queue, Handler())
+        done = drain(queue, handler if handler is not None else Handler())
         raw.pgconn.untrace()
         log.seek(0)
         lines = [line.split("\t") for line in log.read().splitlines() if line.strip()]

@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...audit import CONTRAST_LEDGER
-from ...crashpoints import BETWEEN_TRANSACTIONS, POINTS, PROTOCOL_POINTS, crash_point
+from ...crashpoints import (BETWEEN_TRANSACTIONS, INSIDE_THE_SERVER_STEP, POINTS,
+                            PROTOCOL_POINTS, crash_point)
 from ...errors import ConnectionLost, IntegrityViolation, LeaseLost, QueueError
 from ...handler import Handler
 from ...queue import Queue, backoff_seconds, write_journal
@@ -95,6 +96,14 @@ class Protocol:
     def open(self, path: str | os.PathLike[str], **options: Any) -> Queue:
         """A queue on ``path`` that finishes leases this protocol's way."""
         return self.queue_class(path, **options)
+
+    def points_on(self, store: str) -> tuple[str, ...]:
+        """The crash points it passes through on ``store`` (``sqlite`` or
+        ``postgres``): on PostgreSQL, the protocol's own worker step is one
+        call of the schema's function, and has no points inside it."""
+        if store == "postgres" and self.queue_class.complete_and_claim is Queue.complete_and_claim:
+            return tuple(p for p in self.points if p not in INSIDE_THE_SERVER_STEP)
+        return self.points
 
 
 def create_ledger(queue: Queue) -> None:

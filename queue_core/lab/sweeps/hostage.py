@@ -38,7 +38,7 @@ from ...pgsession import TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE
 from ...queue import Queue
 from ..servers.faultproxy import Fault, FaultProxy
 from ..servers.postgres_server import drop_schema, fresh_schema
-from .network import ACK_STATEMENT, CLAIM_STATEMENT
+from .network import ACKS
 
 EVENT = {"event_id": "E0001", "payload": {"category": "book", "amount_cents": 700}}
 LEASE = 30
@@ -46,7 +46,9 @@ START_SECONDS = 30.0   # the longest the stalled worker may take to reach its st
 POLL_SECONDS = 0.05
 
 # ``queue-core work`` that stops itself (SIGSTOP) where the guarded ``done``
-# UPDATE has locked the row: the ACK that claims the next, before its claim.
+# UPDATE has locked the row: the ACK that claims the next, before its COMMIT
+# (on PostgreSQL the step function has been sent, and runs, inside the open
+# transaction).
 STOPPING_WORKER = """
 import os, signal, sys
 import queue_core.crashpoints as crashpoints
@@ -56,7 +58,7 @@ def stop_here():  # the first arrival only: disarm, then stop this process
     os.kill(os.getpid(), signal.SIGSTOP)
 
 crashpoints._arrive = stop_here
-crashpoints.arm("complete_and_claim.after_recheck")
+crashpoints.arm("complete_and_claim.before_commit")
 from queue_core.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -101,7 +103,7 @@ def hold_hostage(server: str, how: str = "blackhole", *,
         worker_db = _with_option(db, f"-c transaction_timeout={limit}")
     watch = watch_seconds if watch_seconds is not None else (bound + 3 if bound else 3.0)
     victim = f"hostage-{uuid.uuid4().hex[:10]}"
-    proxy = (FaultProxy(server, Fault("blackhole", statement=CLAIM_STATEMENT, after=ACK_STATEMENT,
+    proxy = (FaultProxy(server, Fault("blackhole", statement="COMMIT", after=ACKS,
                                       seconds=60), lifetime=watch + 60)
              if how == "blackhole" else None)
     worker = _start(proxy.dsn(worker_db) if proxy else worker_db, victim, how)

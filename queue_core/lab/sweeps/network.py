@@ -48,18 +48,27 @@ if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
 
-# The statements the faults are placed by: the ACK's guarded UPDATE, and a claim.
+# The statements the faults are placed by: the ACK's guarded UPDATE, a claim,
+# and the worker loop's step as one call of the schema's function
+# (``postgres.STEP_FUNCTION``), which holds the ACK, its effect and the claim of
+# the next message in one statement. Where the protocol's step is that call,
+# ``effect.insert`` and ``ack.update`` break the connection before the first
+# call arrives, and ``ack.claim_next`` before the second; the contrasts still
+# send each statement on its own.
 ACK_STATEMENT = "SET state = 'done'"
 CLAIM_STATEMENT = "SET state = 'leased'"
+STEP_STATEMENT = "queue_core_step("
+ACKS = (ACK_STATEMENT, STEP_STATEMENT)
 # Each step: where the proxy acts, as the wire protocol shows it.
-STEPS: dict[str, dict[str, str]] = {
+STEPS: dict[str, dict[str, str | tuple[str, ...]]] = {
     "claim": {"statement": CLAIM_STATEMENT},                        # during the first claim
-    "effect.insert": {"statement": "category, amount_cents) VALUES"},  # the first effect
-    "ack.update": {"statement": ACK_STATEMENT},                     # the ACK's guarded UPDATE
-    "ack.claim_next": {"statement": CLAIM_STATEMENT,                # between the ACK's round
-                       "after": ACK_STATEMENT},                     # trips: its claim of the next
-    "commit.sent": {"statement": "COMMIT", "after": ACK_STATEMENT},  # before the COMMIT arrives
-    "commit.answered": {"reply": "COMMIT", "after": ACK_STATEMENT},  # committed, answer withheld
+    "effect.insert": {"statement": ("category, amount_cents) VALUES",  # the first effect
+                                    STEP_STATEMENT)},
+    "ack.update": {"statement": ACKS},                              # the ACK's guarded UPDATE
+    "ack.claim_next": {"statement": (CLAIM_STATEMENT, STEP_STATEMENT),  # between the ACK's
+                       "after": ACKS},                             # round trips: the next claim
+    "commit.sent": {"statement": "COMMIT", "after": ACKS},          # before the COMMIT arrives
+    "commit.answered": {"reply": "COMMIT", "after": ACKS},          # committed, answer withheld
 }
 FAULTS = ("cut", "reset", "blackhole", "delay")
 PROTOCOL_NAMES = (*PROTOCOLS, *NETWORK_PROTOCOLS)

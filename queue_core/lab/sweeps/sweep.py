@@ -113,13 +113,18 @@ def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] 
             _Places(Path(tmp), db) as places:
         cases = [(PROTOCOLS[name], step) for name in protocols for step in steps]
         results: dict[tuple[str, str], SweepRow] = {}
-        crashes = [(p, s) for p, s in cases if s in p.points]
+        store = "sqlite" if db is None else "postgres"
+        crashes = [(p, s) for p, s in cases if s in p.points_on(store)]
         for row in _crash_cases(crashes, places, max(1, jobs), crash_after):
             results[row.protocol, row.step] = row
         for proto, step in cases:
             if step in SCHEDULES:
                 results[proto.name, step] = _stale_case(proto, step, _fresh(places, proto, step))
-            elif step not in proto.points:
+            elif step in proto.points and step not in proto.points_on(store):
+                results[proto.name, step] = SweepRow(
+                    proto.name, step, "n/a", 0, "inside PostgreSQL's step function: one "
+                    "statement, no Python runs there")
+            elif step not in proto.points_on(store):
                 results[proto.name, step] = SweepRow(proto.name, step, "n/a", 0, "never passes here")
         return [results[p.name, s] for p, s in cases]
 

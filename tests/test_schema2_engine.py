@@ -1,0 +1,168 @@
+"""Queues written by the release before PostgreSQL's schema 3, tested with its own code.
+
+The engine of 5e07019 writes schema 2 on both stores. A SQLite file of schema 2
+is still this engine's (version 3 adds only PostgreSQL's step function): it
+opens and works as it is, with nothing to migrate, and that engine still
+opens what this one writes. A PostgreSQL schema of version 2 is read as it
+is, refused for writes until ``migrate`` adds the function (no message
+rewritten), then worked by the step; a worker of that engine running while the
+step commits goes on unchanged and correct, and that engine refuses the
+migrated schema when it opens it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import previous_engine
+from queue_core import Handler, ModelClock, Queue, UnusableFile, audit, drain, migrate, postgres
+from queue_core.lab.lifetime.earlier import V1_STORY
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = previous_engine.SCHEMA2_ENGINE
+STATES_BEFORE = {"E0001": "done", "E0002": "dead", "E0003": "done", "E0004": "leased",
+                 "E0005": "ready"}
+# The committed files' scenario (``V1_STORY``: every state, 15000 of money), without
+# its last lines, which tidy a SQLite file's -wal.
+STORY = V1_STORY.split("import sqlite3")[0]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    previous_engine.require_history()
+    return previous_engine.export(ENGINE, tmp_path_factory.mktemp("engines"))
+
+
+def written(engine: Path, target: str) -> str:
+    done = previous_engine.run(engine, STORY, target)
+    assert done.returncode == 0, done.stderr
+    return target
+
+
+def cli(db: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "queue_core", "--db", db, *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def finished(db: str) -> audit.Snapshot:
+    drain(Queue(db, clock=ModelClock(2000)), Handler())
+    snap = audit.snapshot(db)
+    assert audit.check(snap) == [] and snap.money == 17700
+    assert snap.states() == {**STATES_BEFORE, "E0004": "done", "E0005": "done"}
+    return snap
+
+
+def test_a_sqlite_file_of_schema_2_opens_and_works_with_nothing_to_migrate(
+        engine: Path, tmp_path: Path) -> None:
+    db = written(engine, str(tmp_path / "queue.sqlite3"))
+    snap = audit.snapshot(db)
+    assert snap.version == 2 and audit.check(snap) == [] and snap.states() == STATES_BEFORE
+
+    assert migrate(db).steps == ()
+    finished(db)
+    # and that release still opens, reads and works what this one wrote
+    later = written(engine, str(tmp_path / "later.sqlite3"))
+    finished(later)
+    status = previous_engine.cli(engine, "--db", later, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["total"] == 17700
+
+
+def _functions(dsn: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [row[0] for row in conn.execute(
+            "SELECT proname FROM pg_proc WHERE pronamespace = current_schema()::regnamespace")]
+
+
+def test_a_postgresql_schema_of_version_2_is_refused_for_writes_then_migrated_by_a_function(
+        engine: Path, pg_dsn: str) -> None:
+    db = written(engine, pg_dsn)
+    before = audit.snapshot(db)
+    assert before.version == 2 and audit.check(before) == [] and _functions(db) == []
+    work = cli(db, "--now", "2000", "work")
+    assert work.returncode == 1 and work.stdout == ""
+    assert work.stderr.startswith("error: schema_too_old: ") and "schema version 2;" in work.stderr
+    assert "writes version 3: run `queue-core migrate` first" in work.stderr
+
+    done = cli(db, "migrate")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "schema 2 -> 3: 0 messages rewritten"
+    after = audit.snapshot(db)
+    assert after.version == postgres.SCHEMA_VERSION == 3 and audit.check(after) == []
+    assert (after.messages, after.journal, after.effect_rows, after.digests) == (
+        before.messages, before.journal, before.effect_rows, before.digests)
+    assert _functions(db) == ["queue_core_step"]
+    finished(db)
+    refused = previous_engine.cli(engine, "--db", db, "status")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: schema_too_new: ") and "version 3" in refused.stderr
+
+
+# A worker of that engine whose session opened, and claimed, before the step commits.
+RUNNING = """
+import json, sys
+from queue_core import Handler, ModelClock, Queue
+queue = Queue(sys.argv[1], clock=ModelClock(1020), lease_seconds=30)
+def attempt(name, call):
+    try:
+        said = {"step": name, "ok": repr(call())}
+    except Exception as exc:
+        said = {"step": name, "error": type(exc).__name__, "text": str(exc)}
+    print(json.dumps(said), flush=True)
+with queue.session():
+    lease = queue.claim()
+    print(json.dumps({"step": "claim", "ok": repr(lease)}), flush=True)
+    sys.stdin.readline()
+    attempt("ack", lambda: queue.complete(lease, Handler()))
+    attempt("enqueue", lambda: queue.enqueue_jsonl(
+        '{"event_id": "E0009", "payload": {"category": "pen", "amount_cents": 100}}'))
+    attempt("work", lambda: [o.kind for o in __import__("queue_core").drain(queue, Handler())])
+"""
+
+
+def test_a_running_worker_of_that_engine_goes_on_unchanged_across_the_step(
+        engine: Path, pg_dsn: str) -> None:
+    db = written(engine, pg_dsn)
+    worker = subprocess.Popen([sys.executable, "-c", RUNNING, db],
+                              env={**previous_engine.os.environ, "PYTHONPATH": str(engine)},
+                              cwd=engine, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        claimed = json.loads(worker.stdout.readline())
+        assert claimed["ok"].startswith("Lease(event_id='E0005', generation=1")
+        assert migrate(db).steps == ((2, 0),)
+        out, err = worker.communicate("go\n", timeout=60)
+    finally:
+        worker.kill()
+    said: dict[str, Any] = {line["step"]: line for line in map(json.loads, out.splitlines())}
+    assert said["ack"]["ok"] == "Effect(category='bag', amount_cents=700)", (said, err)
+    assert said["enqueue"]["ok"] == "EnqueueResult(inserted=1, duplicates=0)"
+    assert said["work"]["ok"] == "['done']"  # E0009; E0004's lease is not yet over at 1020
+    snap = audit.snapshot(db)
+    assert audit.check(snap) == [] and snap.version == 3 and snap.money == 15800
+    drain(Queue(db, clock=ModelClock(2000)), Handler())
+    snap = audit.snapshot(db)
+    assert audit.check(snap) == [] and snap.money == 17800
+
+
+def test_this_engine_refuses_to_write_a_version_2_schema_before_it_is_migrated(
+        engine: Path, pg_dsn: str) -> None:
+    db = written(engine, pg_dsn)
+    queue = Queue(db, clock=ModelClock(2000))
+    assert queue.schema_version == 2
+    with pytest.raises(UnusableFile) as refused:
+        queue.claim()
+    assert refused.value.code == "schema_too_old"
+    assert audit.snapshot(db).states() == STATES_BEFORE
+    queue.migrate()
+    assert queue.schema_version == 3
+    assert queue.claim() is not None
