@@ -52,6 +52,12 @@ class QueueAcks:
     def transaction(self, *, relaxed: bool = False) -> AbstractContextManager[Any]:
         raise NotImplementedError  # Queue's
 
+    def session(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError  # Queue's
+
+    def _require_current_schema(self) -> None:
+        raise NotImplementedError  # Queue's
+
     def _claim(self, conn: Any, now: int, limit: int,
                journal: list[tuple[Any, ...]]) -> Sequence[tuple[Any, ...]]:
         raise NotImplementedError  # Queue's
@@ -116,28 +122,33 @@ class QueueAcks:
         read from the database; the server refuses it unless that payload's
         SHA-256 is the stored one (``payload_differs``: a lease whose payload
         was changed after the claim). The call, its ``BEGIN`` and its
-        ``COMMIT`` travel together. Crash points: those inside the server's
-        function cannot exist; ``before_commit`` is reached with the call sent
-        and not committed, ``after_commit`` once it committed.
+        ``COMMIT`` travel as one message (``PostgresStore.step``), so no
+        transaction is ever left open between two of the worker's messages.
+        Crash points: those inside the server's function cannot exist;
+        ``before_commit`` is reached before the message is sent (nothing
+        begun), ``after_commit`` once it committed.
         """
         assert lease.payload is not None
-        try:
-            with self.transaction() as conn:
-                try:
-                    handler.fault(conn, lease.event_id)
-                    effect = handler.effect_of(json.loads(lease.payload))
-                except (InvalidPayload, TransientError):
-                    # The lease is judged first, as complete's fence judges it: an
-                    # attempt no longer this lease's is not this worker's to fail.
-                    check_fence(lease, self._fence_row(conn, lease), self.clock.now())
-                    raise
+        self._require_current_schema()
+        with self.session():
+            conn = self.connection  # type: ignore[attr-defined]
+            try:
+                handler.fault(conn, lease.event_id)
+                effect = handler.effect_of(json.loads(lease.payload))
+            except (InvalidPayload, TransientError):
+                # The lease is judged first, as complete's fence judges it: an
+                # attempt no longer this lease's is not this worker's to fail.
+                check_fence(lease, self._fence_row(conn, lease), self.clock.now())
+                raise
+            crash_point("complete_and_claim.before_commit")
+            try:
                 rows = self.store.step(  # type: ignore[attr-defined]
                     conn, lease, payload_digest(lease.payload), effect, self.clock,
                     self.lease_seconds, self.max_attempts)
-                crash_point("complete_and_claim.before_commit")
-        except self.store.integrity_errors as exc:  # the schema refused the effect
-            raise IntegrityViolation(f"{lease.event_id}: {str(exc).splitlines()[0]}") from exc
-        found = _stepped(lease, list(rows))
+            except self.store.integrity_errors as exc:  # the schema refused the effect
+                raise IntegrityViolation(f"{lease.event_id}: {str(exc).splitlines()[0]}") \
+                    from exc
+        found = _stepped(lease, rows)
         crash_point("complete_and_claim.after_commit")
         return effect, found
 

@@ -43,8 +43,9 @@ into two transactions: the first has committed, the second has not begun.
 On PostgreSQL the worker loop's step is one call of the schema's function
 (``postgres.STEP_FUNCTION``): no Python runs between its statements, so its
 ``after_insert`` and ``after_recheck`` do not exist there
-(``INSIDE_THE_SERVER_STEP``). Its ``before_commit`` is reached with the call
-sent inside the open transaction, its ``after_commit`` once it committed.
+(``INSIDE_THE_SERVER_STEP``). Its ``before_commit`` is reached before the call
+is sent (its ``BEGIN``, the call and its ``COMMIT`` are one message: nothing
+is begun yet), its ``after_commit`` once it committed.
 
 ``PROTOCOL_POINTS`` lists the protocol's own points in that order,
 ``POINTS`` adds the contrasts' one in its place (the crash sweep derives its

@@ -52,8 +52,8 @@ from .pgsession import (CLIENT_SETTINGS, TRANSACTION_TIMEOUT_MS, TRANSACTION_TIM
 from .handler import EFFECT_INSERT
 from .storage import APPLICATION_ID
 from .values import Effect, Lease
-from .transitions import (ACK_OF_DIGEST, CLAIM, DUE, EXPIRED, JOURNAL_COLUMNS, RECOVER, picking,
-                          write_journal)
+from .transitions import (ACK_OF_DIGEST, CLAIM, DUE, EXPIRED, JOURNAL_COLUMNS, LIVE, RECOVER,
+                          picking, write_journal)
 
 CONNECT_TIMEOUT_SECONDS = 10
 # The schema version a PostgreSQL queue has: 2 as SQLite's, and the worker's
@@ -70,6 +70,32 @@ META_TABLE = "queue_core_meta"
 LIVE_INDEX = ("CREATE INDEX messages_live ON messages "
               "(state, available_at, event_id, lease_until, finished_at) "
               "WHERE payload IS NOT NULL")
+# Schema 3's two indexes in its place. An UPDATE here writes a new version of the
+# row and new index entries; the entries of the old version stay until VACUUM, or
+# until an index scan that reaches them finds the version dead and marks them.
+# In ``messages_live`` the leased entries sat in due order, so the claim's read
+# of expired leases walked every leased entry since the last VACUUM, the dead
+# ones of every finished message included, and visited the heap for each whose
+# deadline had passed: a claim grew slower with every message done. Leases now
+# have an index of their own, in deadline order, which that read walks in order
+# (``EXPIRED_READ``) up to now: it reaches only the entries whose deadline has
+# passed, and marks the dead ones as it goes. ``messages_live`` keeps the ready
+# rows in due order and the done rows for retention; a claim writes an entry into
+# ``messages_leased`` instead, so a message still writes two index entries per
+# change of state.
+LIVE_INDEX_3 = ("CREATE INDEX messages_live ON messages (state, available_at, event_id, "
+                "finished_at) WHERE payload IS NOT NULL AND state <> 'leased'")
+LEASED_INDEX = ("CREATE INDEX messages_leased ON messages (lease_until) "
+                "WHERE state = 'leased' AND payload IS NOT NULL")
+# The claim's read of expired leases (``transitions.EXPIRED``), from the earliest
+# deadline of a lease still held. ``min`` is read by an ordered scan of
+# ``messages_leased`` from its first entry, which marks each dead entry it passes
+# (a finished message's old lease) so that no later scan visits that version
+# again, and stops at the first live one; the read itself then covers only the
+# deadlines from there to now, which is no entry at all while every lease held
+# is still running.
+EXPIRED_READ = (f"{EXPIRED} AND lease_until >= (SELECT min(lease_until) FROM messages "
+                f"WHERE state = 'leased' AND {LIVE})")
 COMPACTED_TABLE = """CREATE TABLE compacted (
     event_id     text PRIMARY KEY REFERENCES messages (event_id),
     enqueued_at  bigint NOT NULL,
@@ -104,7 +130,8 @@ CREATE TABLE messages (
     CONSTRAINT finished_at_iff_done CHECK ((state = 'done') = (finished_at IS NOT NULL)),
     CONSTRAINT pruned_only_when_done CHECK (payload IS NOT NULL OR state = 'done')
 );
-{LIVE_INDEX};
+{LIVE_INDEX_3};
+{LEASED_INDEX};
 CREATE TABLE effects (
     event_id     text PRIMARY KEY REFERENCES messages (event_id),
     category     text NOT NULL CONSTRAINT category_named CHECK (length(category) > 0),
@@ -171,11 +198,19 @@ class PgConnection:
     """A psycopg connection that speaks the protocol's SQL: ``?`` parameters,
     ``execute`` returning a cursor, transactions begun only by this module."""
 
-    __slots__ = ("raw", "where")
+    __slots__ = ("raw", "where", "_client")
 
     def __init__(self, raw: psycopg.Connection[Any], where: str = "postgresql://") -> None:
         self.raw = raw
         self.where = where  # the server, without the password, for an error's line
+        self._client: psycopg.ClientCursor[Any] | None = None
+
+    def client_cursor(self) -> psycopg.ClientCursor[Any]:
+        """A cursor whose values psycopg binds into the text (quoted as literals),
+        for a message of several statements; one per connection."""
+        if self._client is None:
+            self._client = psycopg.ClientCursor(self.raw)
+        return self._client
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         return self.raw.execute(_placeholders(sql), params)
@@ -321,6 +356,7 @@ class PostgresStore:
 
     name = "postgres"
     schema_version = SCHEMA_VERSION
+    expired = EXPIRED_READ
     fused_step = True  # the worker's step is a function of the schema (``step``)
     integrity_errors: tuple[type[BaseException], ...] = (psycopg.errors.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
@@ -410,16 +446,37 @@ class PostgresStore:
 
     def step(self, conn: PgConnection, lease: Lease, digest: bytes, effect: Effect,
              clock: Clock, lease_seconds: int, max_attempts: int,
-             claim: int = 1) -> Sequence[tuple[Any, ...]]:
-        """Send the worker's step (``STEP_FUNCTION``) in the caller's transaction:
+             claim: int = 1) -> list[tuple[Any, ...]]:
+        """Run the worker's step (``STEP_FUNCTION``) in a transaction of its own:
         ACK ``lease`` with ``effect``, computed from the payload whose SHA-256 is
-        ``digest``, then claim up to ``claim`` due messages. Its rows are read
-        when first looked at, so it travels with the ``COMMIT``: one round trip.
-        A clock that is this server's (``DatabaseClock``) is read by the call."""
+        ``digest``, then claim up to ``claim`` due messages; return its rows.
+
+        ``BEGIN``, the call and ``COMMIT`` are one message (a simple query, its
+        values bound by the client), so the server runs the whole transaction
+        once that message has arrived and never waits for the worker inside
+        it: a worker that stalls or loses its network holds no lock of the
+        step. One round trip. A clock that is this server's (``DatabaseClock``)
+        is read by the call itself.
+        """
         now = None if isinstance(clock, DatabaseClock) and clock.dsn == self.target else clock.now()
-        return _Pending(conn.execute(STEP_CALL, (lease.event_id, lease.generation, digest,
-                                                 effect.category, effect.amount_cents, now,
-                                                 lease_seconds, max_attempts, claim)))
+        cursor = conn.client_cursor()
+        try:
+            cursor.execute(STEP_MESSAGE, (lease.event_id, lease.generation, digest,
+                                          effect.category, effect.amount_cents, now,
+                                          lease_seconds, max_attempts, claim))
+            cursor.nextset()  # past the BEGIN's result, to the call's
+            return cursor.fetchall()
+        except BaseException as failure:
+            # A failed statement leaves the transaction block it began open and
+            # aborted (the message's COMMIT is skipped): end it, unless the
+            # session is gone, then say what happened as every call does.
+            if not _broken(conn):
+                try:
+                    conn.raw.execute("ROLLBACK")
+                except psycopg.OperationalError:
+                    pass
+            raise_translated(failure, conn.where, _broken(conn))
+            raise
 
     def transition(self, conn: PgConnection, sql: str, params: tuple[Any, ...], at: int,
                    journal: list[tuple[Any, ...]], order: tuple[str, ...] = ()
@@ -569,7 +626,7 @@ def _step_function() -> str:
     """The text of the worker's step on the server (see ``STEP_FUNCTION``)."""
     ack = _bound(_journalled(ACK_OF_DIGEST, ()),
                  ("v_now", "p_event_id", "p_generation", "v_now", "p_digest", "v_now"))
-    recover = _bound(_journalled(picking(RECOVER, EXPIRED, PostgresStore.picked), ()),
+    recover = _bound(_journalled(picking(RECOVER, EXPIRED_READ, PostgresStore.picked), ()),
                      ("p_max_attempts", "p_max_attempts", "v_now", "v_now"))
     claim = _bound(_journalled(picking(CLAIM, DUE, PostgresStore.picked),
                                ("available_at", "event_id")),
@@ -634,12 +691,15 @@ $step$"""
 # row ('refused' or 'digest_differs': the stored message) and nothing written;
 # none for an event that is not stored. ``at`` is the time the call judged by.
 STEP_FUNCTION = _step_function()
-# Schema 2 -> 3: the step's function, beside tables that do not change. A worker
-# of the earlier engine still running when it commits goes on unchanged.
-POSTGRES_STEPS[2] = (STEP_FUNCTION,)
+# Schema 2 -> 3: the two indexes in place of one, and the step's function; no row
+# changes. A worker of the earlier engine still running when it commits goes on
+# unchanged (its statements read and write the same columns).
+POSTGRES_STEPS[2] = ("DROP INDEX messages_live", LIVE_INDEX_3, LEASED_INDEX, STEP_FUNCTION)
 REWRITES_MESSAGES = frozenset({1})  # the steps that rewrite every message (the others none)
-STEP_CALL = (f"SELECT * FROM {STEP_FUNCTION_NAME}(?::text, ?::bigint, ?::bytea, ?::text, "
-             "?::bigint, ?::bigint, ?::bigint, ?::bigint, ?::integer)")
+STEP_CALL = (f"SELECT * FROM {STEP_FUNCTION_NAME}(%s::text, %s::bigint, %s::bytea, %s::text, "
+             "%s::bigint, %s::bigint, %s::bigint, %s::bigint, %s::integer)")
+# The step's one message: its transaction, whole (``PostgresStore.step``).
+STEP_MESSAGE = f"BEGIN ISOLATION LEVEL READ COMMITTED; {STEP_CALL}; COMMIT"
 
 
 class DatabaseClock:

@@ -36,7 +36,7 @@ from .errors import BatchConflict, NotRedrivable, UnknownEvent
 from .ingest import EVENT_ID, Batch, parse_batch, payload_digest, read_batch
 from .storage import SYNCHRONOUS_MODES, too_old
 from .stores import open_store
-from .transitions import (CLAIM, DUE, EXPIRED, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss,
+from .transitions import (CLAIM, DUE, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss,
                           picking, write_journal)
 from .values import EnqueueResult, Lease, Outcome, State
 from .acks import QueueAcks, _by_event_id, _leases, _require_lease
@@ -104,7 +104,7 @@ class Queue(QueueAcks, QueueViews):
         self._session: sqlite3.Connection | None = None
         # The two statements that change the rows a read picks (``transitions``).
         self._claim_sql = picking(CLAIM, DUE, self.store.picked)
-        self._recover_sql = picking(RECOVER, EXPIRED, self.store.picked)
+        self._recover_sql = picking(RECOVER, self.store.expired, self.store.picked)
         # An earlier schema version is read as it is; every write refuses it
         # (``transaction``) until ``migrations.migrate`` upgraded it.
         self.schema_version = self.store.prepare(create=create)
@@ -144,14 +144,18 @@ class Queue(QueueAcks, QueueViews):
         success, roll back on any exception. ``relaxed=True`` commits it
         without an fsync (claims only; see ``claim_batch``).
         """
-        if self.schema_version != self.store.schema_version:
-            raise too_old(self.store.describe(), self.schema_version, self.store.schema_version)
+        self._require_current_schema()
         # In a session the transaction helper is entered directly: a worker
         # runs this twice per message, and two nested generator-based context
         # managers cost more CPU than the statements they wrap.
         if self._session is not None:
             return self.store.transaction(self._session, relaxed=relaxed)
         return self._transaction_on_own_connection(relaxed)
+
+    def _require_current_schema(self) -> None:
+        """Refuse a write to a queue of an earlier schema version (``schema_too_old``)."""
+        if self.schema_version != self.store.schema_version:
+            raise too_old(self.store.describe(), self.schema_version, self.store.schema_version)
 
     @contextmanager
     def _transaction_on_own_connection(self, relaxed: bool) -> Iterator[sqlite3.Connection]:

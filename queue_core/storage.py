@@ -35,7 +35,7 @@ try:
     import fcntl
 except ImportError:  # not a POSIX system: no file locks of an open file's own
     fcntl = None  # type: ignore[assignment]
-from .transitions import write_journal
+from .transitions import EXPIRED, write_journal
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF")
 # The queue's pages are small: a row is a few hundred bytes, and every commit
@@ -754,6 +754,7 @@ class SqliteStore:
 
     name = "sqlite"
     schema_version = SCHEMA_VERSION
+    expired = EXPIRED  # the claim's read of expired leases: the leased range of messages_live
     fused_step = False  # the worker's step runs here, in one local transaction
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)

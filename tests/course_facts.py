@@ -231,6 +231,8 @@ def denials_in(text: str, fact: Fact) -> list[re.Match[str]]:
 
 CODE = re.compile(r"[a-z]+(?:_[a-z0-9]+)+\Z")
 RAISERS = {"BatchRejected", "LeaseLost", "UnusableFile", "reject", "__init__"}
+# Errors whose class has a code of its own, given another one as ``code=...``.
+ERRORS_WITH_A_GIVEN_CODE = {"IntegrityViolation", "NotRedrivable", "QueueError"}
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,8 @@ def engine_codes() -> Codes:
                 found.add(_literal(node.args[0]))
                 if _called(node) == "UnusableFile":
                     unusable.add(_literal(node.args[0]))
+            if isinstance(node, ast.Call) and _called(node) in ERRORS_WITH_A_GIVEN_CODE:
+                found.update(_literal(k.value) for k in node.keywords if k.arg == "code")
             elif isinstance(node, ast.ClassDef) and not _takes_code(node):
                 found.update(_literal(s.value) for s in node.body if isinstance(s, ast.Assign)
                              and [getattr(t, "id", "") for t in s.targets] == ["code"])

@@ -253,3 +253,38 @@ def test_on_the_servers_clock_the_function_reads_the_time_itself(pg_dsn: str) ->
     (finished,), = rows(pg_dsn, "SELECT finished_at FROM messages WHERE event_id = 'E0001'")
     assert before <= finished <= after
     assert before + 30 <= following.lease_until <= after + 30
+
+
+def _read_cost(dsn: str, sql: str, now: int) -> tuple[int, str]:
+    """Buffers a read touches (hit or read), and its plan's top node, inside a
+    transaction that is rolled back."""
+    with psycopg.connect(dsn) as conn:
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                            + sql.replace("?", "%s"), (now,)).fetchone()[0][0]["Plan"]
+        conn.rollback()
+    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"], plan["Node Type"]
+
+
+def test_the_claims_read_of_expired_leases_does_not_grow_with_the_messages_done(
+        pg_dsn: str) -> None:
+    """Every claim and ACK writes a new version of the message's row; the old
+    version's index entries stay until VACUUM. The read of expired leases must not
+    walk those of every message finished since: it would make each claim slower
+    than the one before, until autovacuum comes (here it never does)."""
+    from queue_core.postgres import EXPIRED_READ
+
+    clock = ModelClock(1000)
+    queue = Queue(pg_dsn, clock=clock, lease_seconds=30)  # creates the schema
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE messages SET (autovacuum_enabled = false)")
+    costs = []
+    for start in (0, 1000):
+        queue.enqueue_jsonl("\n".join(json.dumps({
+            "event_id": f"E{n:04d}", "payload": {"category": "book", "amount_cents": 100 + n}})
+            for n in range(start, start + 1000)))
+        assert len(drain(queue, Handler())) == 1000
+        clock.advance(60)  # every finished message's old lease is past its deadline now
+        assert queue.claim() is None  # the claim's own read passes them once
+        costs.append(_read_cost(pg_dsn, EXPIRED_READ, clock.now()))
+    assert costs[1][0] <= costs[0][0] + 2, costs  # 2,000 done cost no more than 1,000
+    assert all(buffers <= 12 for buffers, _ in costs), costs

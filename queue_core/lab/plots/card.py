@@ -14,6 +14,7 @@ card behind. The rejection codes of a batch are read from the table in
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import re
 from dataclasses import dataclass
@@ -107,10 +108,15 @@ ROWS: dict[str, Row] = {
                        "none: `[]` when nothing is due; `ValueError` for a `limit` below 1"),
     "complete": _ack("INSERT the effect; `leased → done`",
                      "all roll the whole transaction back, INSERT included"),
-    "complete_and_claim": _ack(
+    "complete_and_claim": dataclasses.replace(_ack(
         "as `complete`, then claims the next due message as `claim` does, in the SAME "
         "transaction (one commit, one fsync per message); returns `(effect, next lease or None)`",
-        "as `complete`: a refused ACK claims nothing"),
+        "as `complete`: a refused ACK claims nothing. On PostgreSQL it is one call of the "
+        "schema's step function (one round trip): the effect comes from the payload the claim "
+        "returned, and `payload_differs` refuses one that is not the stored payload"),
+        errors=(LOST, ("InvalidPayload", ("invalid_payload",)),
+                ("TransientError", ("transient_error",)), UNKNOWN,
+                ("IntegrityViolation", ("integrity_violation", "payload_differs")))),
     "complete_batch": Row(
         "one write, a savepoint per lease", "as `complete`, per lease",
         "as `complete`, for each lease that passes", (),

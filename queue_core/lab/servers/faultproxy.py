@@ -17,9 +17,9 @@ A ``Fault`` names the moment and what happens there:
   CommandComplete), before the answer reaches the client: the server has
   committed, and the client cannot know;
 - ``occurrence``: which matching arrival, counted over every connection;
-- ``after="..."``: count only once a statement containing that text (or any
-  of a tuple of texts) has reached the server (the COMMIT that follows the
-  first ACK, say).
+- ``after="..."``: count only from the statement containing that text (or
+  any of a tuple of texts) on, that statement included: the COMMIT that
+  follows the first ACK, say, or one sent in the same message as the ACK.
 
 The actions: ``cut`` closes both sides (the client reads end of file);
 ``reset`` closes the client's side with a TCP reset; ``blackhole`` forwards
@@ -179,7 +179,8 @@ class FaultProxy:
             return False
         if not self._armed:
             self._armed = kind == "statement" and _contains(text, fault.after)
-            return False
+            if not self._armed:
+                return False
         wanted = fault.statement if kind == "statement" else fault.reply
         if wanted is None or (not _contains(text, wanted) if kind == "statement"
                               else text != wanted):

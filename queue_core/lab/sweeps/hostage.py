@@ -1,8 +1,10 @@
 """A worker stalled mid-transaction, and how long its message waits (notebooks 10, 14).
 
 ``hold_hostage`` starts a real ``queue-core work`` process on one message
-and stalls it inside its ACK, after the guarded ``done`` UPDATE has locked
-the message's row and before the COMMIT: either a ``FaultProxy`` stops
+and stalls it inside its claim, after the claim's UPDATE has locked the
+message's row and before the COMMIT (the worker loop's later steps cannot be
+stalled so: each is one message to the server, its COMMIT inside it, see
+``postgres.PostgresStore.step``): either a ``FaultProxy`` stops
 forwarding (``how="blackhole"``: a network that drops everything) or the
 process stops itself with ``SIGSTOP`` (``how="stopped"``: a suspended VM,
 a process paused by a debugger). Its lease has passed on the model clock,
@@ -38,17 +40,15 @@ from ...pgsession import TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE
 from ...queue import Queue
 from ..servers.faultproxy import Fault, FaultProxy
 from ..servers.postgres_server import drop_schema, fresh_schema
-from .network import ACKS
+from .network import CLAIM_STATEMENT
 
 EVENT = {"event_id": "E0001", "payload": {"category": "book", "amount_cents": 700}}
 LEASE = 30
 START_SECONDS = 30.0   # the longest the stalled worker may take to reach its stall
 POLL_SECONDS = 0.05
 
-# ``queue-core work`` that stops itself (SIGSTOP) where the guarded ``done``
-# UPDATE has locked the row: the ACK that claims the next, before its COMMIT
-# (on PostgreSQL the step function has been sent, and runs, inside the open
-# transaction).
+# ``queue-core work`` that stops itself (SIGSTOP) where its first claim's UPDATE
+# has locked the row, before its COMMIT.
 STOPPING_WORKER = """
 import os, signal, sys
 import queue_core.crashpoints as crashpoints
@@ -58,7 +58,7 @@ def stop_here():  # the first arrival only: disarm, then stop this process
     os.kill(os.getpid(), signal.SIGSTOP)
 
 crashpoints._arrive = stop_here
-crashpoints.arm("complete_and_claim.before_commit")
+crashpoints.arm("claim.before_commit")
 from queue_core.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -84,7 +84,7 @@ class HostageRun:
 def hold_hostage(server: str, how: str = "blackhole", *,
                  transaction_timeout_ms: int | None = None,
                  watch_seconds: float | None = None) -> HostageRun:
-    """Stall a worker inside its ACK; poll another worker's claims; report.
+    """Stall a worker inside its claim; poll another worker's claims; report.
 
     ``transaction_timeout_ms`` overrides the module's limit for this run
     (``queue_core.postgres.TRANSACTION_TIMEOUT_MS``); ``watch_seconds`` is
@@ -103,7 +103,7 @@ def hold_hostage(server: str, how: str = "blackhole", *,
         worker_db = _with_option(db, f"-c transaction_timeout={limit}")
     watch = watch_seconds if watch_seconds is not None else (bound + 3 if bound else 3.0)
     victim = f"hostage-{uuid.uuid4().hex[:10]}"
-    proxy = (FaultProxy(server, Fault("blackhole", statement="COMMIT", after=ACKS,
+    proxy = (FaultProxy(server, Fault("blackhole", statement="COMMIT", after=CLAIM_STATEMENT,
                                       seconds=60), lifetime=watch + 60)
              if how == "blackhole" else None)
     worker = _start(proxy.dsn(worker_db) if proxy else worker_db, victim, how)

@@ -51,10 +51,12 @@ if TYPE_CHECKING:
 # The statements the faults are placed by: the ACK's guarded UPDATE, a claim,
 # and the worker loop's step as one call of the schema's function
 # (``postgres.STEP_FUNCTION``), which holds the ACK, its effect and the claim of
-# the next message in one statement. Where the protocol's step is that call,
-# ``effect.insert`` and ``ack.update`` break the connection before the first
-# call arrives, and ``ack.claim_next`` before the second; the contrasts still
-# send each statement on its own.
+# the next message in one statement, sent with its BEGIN and COMMIT as one
+# message. Where the protocol's step is that message, ``effect.insert``,
+# ``ack.update``, ``ack.claim_next`` and ``commit.sent`` all break the connection
+# before the first one arrives, and ``commit.answered`` withholds the server's
+# answer once it has committed it; the contrasts still send each statement on
+# its own.
 ACK_STATEMENT = "SET state = 'done'"
 CLAIM_STATEMENT = "SET state = 'leased'"
 STEP_STATEMENT = "queue_core_step("
