@@ -93,9 +93,11 @@ class TransientError(QueueError):
 
 
 class IntegrityViolation(QueueError):
-    """A constraint of the schema refused a write (a second line of defence);
-    or, with code ``payload_differs``, PostgreSQL's worker step refused an
-    effect computed from a payload that is not the stored one."""
+    """A constraint of the schema refused a write (a second line of defence).
+
+    With code ``payload_differs``: PostgreSQL's worker step refused an effect
+    computed from a payload that is not the stored one.
+    """
 
     code = "integrity_violation"
 
