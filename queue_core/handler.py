@@ -58,7 +58,9 @@ class Handler:
 
         Called first by ``apply`` (and by anything that computes an effect
         the protocol's way): a hook for a handler whose dependency can be
-        busy. The course's ``FlakyHandler`` fails chosen attempts here.
+        busy. The course's ``FlakyHandler`` fails chosen attempts here. It
+        may read with ``conn``, never write: PostgreSQL's worker step calls
+        it before the step's transaction begins.
         """
 
     def apply(self, conn: sqlite3.Connection, event_id: str, payload: Any) -> Effect:

@@ -273,7 +273,7 @@ class Queue(QueueAcks, QueueViews):
             until = now + seconds
             if conn.execute(EXTEND, (until, lease.event_id, lease.generation, now)).fetchone() is None:
                 raise explain_miss(conn, lease, now)
-        return Lease(lease.event_id, lease.generation, lease.attempt, until)
+        return Lease(lease.event_id, lease.generation, lease.attempt, until, lease.payload)
 
     def release(self, lease: Lease) -> None:
         """Give back a message this worker claimed but has not started: ``ready``

@@ -288,3 +288,22 @@ def test_the_claims_read_of_expired_leases_does_not_grow_with_the_messages_done(
         costs.append(_read_cost(pg_dsn, EXPIRED_READ, clock.now()))
     assert costs[1][0] <= costs[0][0] + 2, costs  # 2,000 done cost no more than 1,000
     assert all(buffers <= 12 for buffers, _ in costs), costs
+
+
+def test_a_lease_kept_by_the_heartbeat_still_carries_its_payload_to_the_step(
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    called = count_calls(monkeypatch)
+    clock = ModelClock(1000)
+    queue = Queue(pg_dsn, clock=clock, lease_seconds=30)
+    queue.enqueue_jsonl(jsonl(EVENTS[:2]))
+    lease = queue.claim()
+    assert lease is not None
+    clock.advance(20)
+    kept = queue.extend(lease, 30)
+    assert (kept.payload, kept.lease_until) == (lease.payload, 1050)
+    clock.advance(20)  # past the first deadline, before the new one
+
+    effect, following = queue.complete_and_claim(kept, Handler())
+
+    assert effect.amount_cents == 10000 and called == ["E0001"]
+    assert following is not None and following.event_id == "E0002"
