@@ -9,13 +9,16 @@ after the handler ran. ``Queue`` inherits these; the worker loop's
 
 On PostgreSQL the worker loop's step is one call of a function of the schema
 (``postgres.STEP_FUNCTION``), one round trip per message: the handler
-computes the effect from the payload the claim returned with the lease
-(``Lease.payload``: read from the database, as SPEC section 4 asks, by the
-claim instead of by the ACK; a payload never changes, SPEC section 2), and
-the server writes it and marks the message ``done`` under the same guard,
-which also requires that payload's SHA-256 to be the stored one. A handler
-that writes more than its effect (one that overrides ``apply``) needs the
-transaction open while it runs, and gets the path above.
+computes the effect from the payload the claim read from the database and
+returned with the lease (``Lease.payload``), and the server writes it and
+marks the message ``done`` under the same guard, and only if the SHA-256 of
+the payload it stores is that of the payload the effect was computed from
+(else ``payload_differs``, and nothing is written). The effect is thus
+computed from the stored payload, read by the claim instead of by the ACK: a
+payload never changes (a correction is a new event id, notebook 01), and
+the server checks that it did not. A handler that writes more than its
+effect (one that overrides ``apply``) needs the transaction open while it
+runs, and gets the path above.
 """
 
 from __future__ import annotations
@@ -135,10 +138,13 @@ class QueueAcks:
             try:
                 handler.fault(conn, lease.event_id)
                 effect = handler.effect_of(json.loads(lease.payload))
-            except (InvalidPayload, TransientError):
+            except (InvalidPayload, TransientError, ValueError):  # ValueError: no JSON
                 # The lease is judged first, as complete's fence judges it: an
-                # attempt no longer this lease's is not this worker's to fail.
-                check_fence(lease, self._fence_row(conn, lease), self.clock.now())
+                # attempt no longer this lease's is not this worker's to fail;
+                # nor is a payload that is not the stored one this message's.
+                stored = check_fence(lease, self._fence_row(conn, lease), self.clock.now())
+                if stored != lease.payload:
+                    raise _payload_differs(lease) from None
                 raise
             crash_point("complete_and_claim.before_commit")
             try:
@@ -235,6 +241,12 @@ def _leases(rows: Iterable[tuple[Any, ...]]) -> list[Lease]:
     return [Lease(row[0], row[3], row[4], row[6], row[8]) for row in rows]
 
 
+def _payload_differs(lease: Lease) -> IntegrityViolation:
+    return IntegrityViolation(f"{lease.event_id}: the payload this lease carries is not the "
+                              "stored one (their SHA-256 differ); nothing was written",
+                              code="payload_differs")
+
+
 def _effect_only(handler: Handler) -> bool:
     """Whether ``handler`` writes nothing but its effect (``Handler.apply`` as written)."""
     return type(handler).apply is Handler.apply
@@ -249,10 +261,8 @@ def _stepped(lease: Lease, rows: list[tuple[Any, ...]]) -> Lease | None:
     stored = None if kind is None else (rows[0][5], rows[0][2], rows[0][4], "")
     at = rows[0][7] if rows else 0
     check_fence(lease, stored, at)  # raises LeaseLost or UnknownEvent if the lease is lost
-    if kind == "digest_differs":
-        raise IntegrityViolation(f"{lease.event_id}: the payload this lease carries is not the "
-                                 "stored one (its SHA-256 differs); the effect was not written",
-                                 code="payload_differs")
+    if kind == "payload_differs":
+        raise _payload_differs(lease)
     raise AssertionError(f"{lease.event_id}: the step refused a lease that holds")
 
 

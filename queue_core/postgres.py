@@ -52,8 +52,8 @@ from .pgsession import (CLIENT_SETTINGS, TRANSACTION_TIMEOUT_MS, TRANSACTION_TIM
 from .handler import EFFECT_INSERT
 from .storage import APPLICATION_ID
 from .values import Effect, Lease
-from .transitions import (ACK_OF_DIGEST, CLAIM, DUE, EXPIRED, JOURNAL_COLUMNS, LIVE, RECOVER,
-                          picking, write_journal)
+from .transitions import (ACK, CLAIM, DUE, EXPIRED, JOURNAL_COLUMNS, LIVE, RECOVER, picking,
+                          write_journal)
 
 CONNECT_TIMEOUT_SECONDS = 10
 # The schema version a PostgreSQL queue has: 2 as SQLite's, and the worker's
@@ -248,9 +248,11 @@ class pg_transaction:  # noqa: N801 - used like a function, as storage.transacti
     without waiting for the one before, and the client waits only where it
     reads a result. A transition whose rows nobody reads before the end (a
     claim's) therefore travels with the ``COMMIT``: a claim is one round
-    trip, the worker loop's ACK-and-claim three (the fence read before the
-    handler, the ACK's guarded UPDATE, then the claim with the ``COMMIT``),
-    as many as a bare ``BEGIN; INSERT; COMMIT``. A statement that failed
+    trip; an ACK-and-claim here three (the fence read before the handler, the
+    ACK's guarded UPDATE, then the claim with the ``COMMIT``), as many as a
+    bare ``BEGIN; INSERT; COMMIT``. The worker loop's step is not run here but
+    by ``PostgresStore.step``, one message, unless its handler overrides
+    ``apply``. A statement that failed
     makes the server skip the rest, ``COMMIT`` included, and the error is
     raised where its result is read, at the latest here.
     """
@@ -614,6 +616,14 @@ MIGRATION_LOCK_TIMEOUT = "5s"
 
 
 STEP_FUNCTION_NAME = "queue_core_step"
+# The stored payload's SHA-256, computed by the server from the payload as it is
+# stored now (the same bytes Python hashes: ``ingest.payload_digest``).
+STORED_DIGEST = "sha256(convert_to(payload, 'UTF8'))"
+# The ACK for an effect computed from the payload the claim returned: also
+# guarded by that payload's digest, so that an effect of anything but the
+# stored payload is never marked done. Parameters: finished_at, the guard's,
+# the digest of the payload the effect was computed from.
+ACK_OF_PAYLOAD = ACK.replace(" RETURNING ", f" AND {STORED_DIGEST} = ? RETURNING ", 1)
 
 
 def _into(statement: str, target: str) -> str:
@@ -624,7 +634,7 @@ def _into(statement: str, target: str) -> str:
 
 def _step_function() -> str:
     """The text of the worker's step on the server (see ``STEP_FUNCTION``)."""
-    ack = _bound(_journalled(ACK_OF_DIGEST, ()),
+    ack = _bound(_journalled(ACK_OF_PAYLOAD, ()),
                  ("v_now", "p_event_id", "p_generation", "v_now", "p_digest", "v_now"))
     recover = _bound(_journalled(picking(RECOVER, EXPIRED_READ, PostgresStore.picked), ()),
                      ("p_max_attempts", "p_max_attempts", "v_now", "v_now"))
@@ -654,8 +664,8 @@ DECLARE
 BEGIN
     {_into(ack, "v_acked")};
     IF NOT FOUND THEN
-        RETURN QUERY SELECT CASE WHEN m.payload_sha256 = p_digest THEN 'refused'
-                                 ELSE 'digest_differs' END,
+        RETURN QUERY SELECT CASE WHEN sha256(convert_to(m.payload, 'UTF8')) = p_digest
+                                 THEN 'refused' ELSE 'payload_differs' END,
                             m.event_id, m.generation, m.attempts, m.lease_until, m.state,
                             NULL::text, v_now
                      FROM messages AS m WHERE m.event_id = p_event_id;
@@ -672,28 +682,33 @@ $step$"""
 
 
 # The worker loop's step as ONE call (schema version 3): the ACK of one lease,
-# and the claim of the next due message, in the caller's transaction. The
+# and the claim of the next due message, in one transaction that
+# ``PostgresStore.step`` begins and commits in the same message as the call. The
 # handler computes the effect in Python from the payload the claim returned;
-# the server writes it, guarded as every ACK is (``transitions.ACK``) and by
-# that payload's digest, so that one round trip per message is the steady
-# state. The statements are the protocol's own texts, the call's arguments in
-# place of their parameters; each journals its rows as the client's do.
+# the server writes it, guarded as every ACK is (``transitions.ACK``) and by the
+# SHA-256 of the payload stored now, which must be that of the payload the
+# effect was computed from; so one round trip per message is the steady state.
+# The statements are the protocol's own texts, the call's arguments in place of
+# their parameters; each journals its rows as the client's do.
 #   - The ACK's guarded UPDATE runs first, its journal row and the effect's
 #     INSERT in the same statement, written only for the row it changed: a
 #     refused ACK writes nothing and claims nothing, and answers one row (the
-#     stored state, generation and deadline, and whether the digest matched)
+#     stored state, generation and deadline, and whether the payload matched)
 #     from which the client says why (``check_fence``), with the codes of
-#     every other ACK.
+#     every other ACK, or ``payload_differs``.
 #   - ``p_now`` NULL reads the server's clock when the call runs
 #     (``DatabaseClock``'s time): such a client needs no round trip for it.
 # Rows (kind, event_id, generation, attempts, lease_until, state, payload, at):
 # ('done', the ACKed event), then ('claimed', ...) for each lease taken; or one
-# row ('refused' or 'digest_differs': the stored message) and nothing written;
+# row ('refused' or 'payload_differs': the stored message) and nothing written;
 # none for an event that is not stored. ``at`` is the time the call judged by.
 STEP_FUNCTION = _step_function()
 # Schema 2 -> 3: the two indexes in place of one, and the step's function; no row
-# changes. A worker of the earlier engine still running when it commits goes on
-# unchanged (its statements read and write the same columns).
+# changes. Dropping and building the indexes holds the table's lock until the
+# commit (milliseconds for the at most 10,000 messages a queue holds: event ids
+# are E and four digits); a worker of the earlier engine still running when it
+# commits waits that long, then goes on unchanged (its statements read and
+# write the same columns).
 POSTGRES_STEPS[2] = ("DROP INDEX messages_live", LIVE_INDEX_3, LEASED_INDEX, STEP_FUNCTION)
 REWRITES_MESSAGES = frozenset({1})  # the steps that rewrite every message (the others none)
 STEP_CALL = (f"SELECT * FROM {STEP_FUNCTION_NAME}(%s::text, %s::bigint, %s::bytea, %s::text, "

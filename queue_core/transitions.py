@@ -41,7 +41,9 @@ JOURNAL_INSERT = ("INSERT INTO transitions (at, event_id, from_state, to_state, 
 
 # The claim's two reads of candidates: each walks its state's range of the
 # partial index ``messages_live`` (the ready rows in due order, the few leased
-# rows), so the cost of a claim does not grow with the done rows kept forever.
+# rows; on PostgreSQL the leases have an index of their own, ``messages_leased``,
+# and ``postgres.EXPIRED_READ`` reads it), so the cost of a claim does not grow
+# with the done rows kept forever.
 # ``payload IS NOT NULL`` is the index's condition, named so that the database
 # may use it (a ready or leased row always has its payload: the schema's
 # ``pruned_only_when_done``). Parameters: now, limit; now.
@@ -84,11 +86,7 @@ HELD = "event_id = ? AND state = 'leased' AND generation = ? AND lease_until > ?
 ACK = ("UPDATE messages SET state = 'done', lease_until = NULL, finished_at = ? WHERE " + HELD +
        " RETURNING event_id, 'leased' AS from_state, 'done' AS to_state, generation, "
        "attempts, 'completed' AS reason")
-# The same ACK for an effect computed from the payload the claim returned
-# (PostgreSQL's worker step, ``postgres.STEP_FUNCTION``): also guarded by that
-# payload's SHA-256, so that an effect of anything but the stored payload is
-# never marked done. Parameters: finished_at, the guard's, the digest.
-ACK_OF_DIGEST = ACK.replace(" RETURNING ", " AND payload_sha256 = ? RETURNING ", 1)
+
 
 # leased -> ready (retry later) or leased -> dead, after a failure.
 # Parameters: to_state, available_at, code, the guard's, reason.
