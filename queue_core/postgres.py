@@ -77,9 +77,10 @@ LIVE_INDEX = ("CREATE INDEX messages_live ON messages "
 # of expired leases walked every leased entry since the last VACUUM, the dead
 # ones of every finished message included, and visited the heap for each whose
 # deadline had passed: a claim grew slower with every message done. Leases now
-# have an index of their own, in deadline order, which that read walks in order
-# (``EXPIRED_READ``) up to now: it reaches only the entries whose deadline has
-# passed, and marks the dead ones as it goes. ``messages_live`` keeps the ready
+# have an index of their own, in deadline order, and that read starts at the
+# earliest deadline still held (``EXPIRED_READ``): the dead entries before it are
+# marked once and passed over after, the live ones after now never reached.
+# ``messages_live`` keeps the ready
 # rows in due order and the done rows for retention; a claim writes an entry into
 # ``messages_leased`` instead, so a message still writes two index entries per
 # change of state.
