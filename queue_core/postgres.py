@@ -51,9 +51,9 @@ from .pgsession import (CLIENT_SETTINGS, TRANSACTION_TIMEOUT_MS, TRANSACTION_TIM
                         given_options, one_line, raise_translated, session_options)
 from .handler import EFFECT_INSERT
 from .storage import APPLICATION_ID
-from .values import Effect, Lease
 from .transitions import (ACK, CLAIM, DUE, EXPIRED, JOURNAL_COLUMNS, LIVE, RECOVER, picking,
                           write_journal)
+from .values import Effect, Lease
 
 CONNECT_TIMEOUT_SECONDS = 10
 # The schema version a PostgreSQL queue has: 2 as SQLite's, and the worker's
