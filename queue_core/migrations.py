@@ -25,7 +25,11 @@ them touches what schema 2 added) or refuses loudly, changing nothing (an
 ACK without its finish time, and an enqueue without its payload's digest,
 fail the schema's CHECK and NOT NULL constraints). So no row is ever written
 that schema 2 misreads; the refused ACK's lease expires, and a worker of
-this engine finishes the message. PostgreSQL's step from 2 to 3 adds a
+this engine finishes the message. This engine reads a SQLite file's version
+as its last commit left it (through the ``-wal``, ``storage.inspect``) and
+again inside each write transaction (``storage.transaction``): a queue opened
+before the step writes at once after it, and a later engine's step is
+refused at the next transaction. PostgreSQL's step from 2 to 3 adds a
 function and changes no table: a worker of the release before goes on
 unchanged across it.
 

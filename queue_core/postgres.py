@@ -50,7 +50,7 @@ from .errors import LockTimeout, UnusableFile
 from .pgsession import (CLIENT_SETTINGS, TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE,
                         given_options, one_line, raise_translated, session_options)
 from .handler import EFFECT_INSERT
-from .storage import APPLICATION_ID
+from .storage import APPLICATION_ID, no_such_version, too_new
 from .transitions import (ACK, CLAIM, DUE, EXPIRED, JOURNAL_COLUMNS, LIVE, RECOVER, picking,
                           write_journal)
 from .values import Effect, Lease
@@ -581,9 +581,10 @@ class PostgresStore:
         if len(mark) != 1 or mark[0][0] != APPLICATION_ID:
             raise UnusableFile("not_a_queue", f"{self.describe()}: {META_TABLE} does not hold "
                                "this queue's mark")
+        if mark[0][1] < 1:
+            raise no_such_version(self.describe(), mark[0][1])
         if mark[0][1] > SCHEMA_VERSION:
-            raise UnusableFile("schema_too_new", f"{self.describe()} has queue schema version "
-                               f"{mark[0][1]}; this version of queue_core knows {SCHEMA_VERSION}")
+            raise too_new(self.describe(), mark[0][1], SCHEMA_VERSION)
         return int(mark[0][1])
 
 

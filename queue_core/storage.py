@@ -449,16 +449,26 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
     connection back to FULL afterwards. The queue uses it for claims only;
     see ``Queue.claim_batch`` for why that loses nothing a caller was told.
 
+    ``version``, if given, is the schema version the body's statements are
+    written for: it is read again under the write lock, where no other
+    process can change it until the commit (``PRAGMA user_version``, about
+    2 us), and any other version is refused (``schema_too_old`` or
+    ``schema_too_new``) before the body runs, with nothing written. A
+    connection opened before another process migrated the file thus never
+    writes the old schema's statements into the new one.
+
     A class rather than a ``@contextmanager`` generator: a worker enters it
     twice per message, and the generator machinery cost more CPU than the
     statements it wraps.
     """
 
-    __slots__ = ("conn", "relaxed")
+    __slots__ = ("conn", "relaxed", "version")
 
-    def __init__(self, conn: sqlite3.Connection, *, relaxed: bool = False) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, relaxed: bool = False,
+                 version: int | None = None) -> None:
         self.conn = conn
         self.relaxed = relaxed
+        self.version = version
 
     def __enter__(self) -> sqlite3.Connection:
         if self.relaxed:
@@ -468,6 +478,15 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
         except BaseException:
             self._restore()
             raise
+        if self.version is not None:
+            try:
+                found = self.conn.execute("PRAGMA user_version").fetchone()[0]
+                if found != self.version:
+                    refuse_other_version(_file_of(self.conn), found, self.version)
+            except BaseException:
+                self.conn.rollback()
+                self._restore()
+                raise
         return self.conn
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -483,6 +502,11 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
     def _restore(self) -> None:
         if self.relaxed:
             self.conn.execute("PRAGMA synchronous = FULL")
+
+
+def _file_of(conn: sqlite3.Connection) -> str:
+    """The path of the main database file of ``conn``, for a refusal's message."""
+    return str(conn.execute("PRAGMA database_list").fetchone()[2])
 
 
 class read_transaction:  # noqa: N801 - used like a function
@@ -526,10 +550,10 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True) -> int:
 
 
 def schema_version(path: str | os.PathLike[str]) -> int:
-    """The schema version in the header of the queue file ``path`` (``PRAGMA
-    user_version``, bytes 60-63), read without opening the database."""
-    with open(os.fspath(path), "rb") as file:
-        return int.from_bytes(file.read(64)[60:64], "big")
+    """The schema version of the queue file ``path`` (``PRAGMA user_version``)
+    as its last commit left it: from the header's bytes 60-63 while no
+    ``-wal`` holds commits, else through SQLite (see ``_identity``)."""
+    return _identity(os.fspath(path))[1]
 
 
 def too_old(where: str, version: int, current: int = SCHEMA_VERSION) -> UnusableFile:
@@ -540,17 +564,41 @@ def too_old(where: str, version: int, current: int = SCHEMA_VERSION) -> Unusable
                         "`queue-core migrate` first (reading commands read it as it is)")
 
 
+def too_new(where: str, version: int, current: int = SCHEMA_VERSION) -> UnusableFile:
+    """The refusal of a queue of a later schema version than ``current``: a
+    later version of this package made it, and this one must not write it."""
+    return UnusableFile("schema_too_new", f"{where} has queue schema version {version}; "
+                        f"this version of queue_core knows {current} (upgrade it)")
+
+
+def no_such_version(where: str, version: int) -> UnusableFile:
+    """The refusal of a queue's mark with a version no release writes (they start at 1)."""
+    return UnusableFile("not_a_queue", f"{where} carries the queue's mark with schema version "
+                        f"{version}, which no version of queue_core writes (versions start "
+                        "at 1): it was not made by queue_core, or its mark was edited")
+
+
+def refuse_other_version(where: str, version: int, current: int = SCHEMA_VERSION) -> None:
+    """Raise ``schema_too_old`` or ``schema_too_new`` unless ``version`` is ``current``."""
+    if version < current:
+        raise too_old(where, version, current)
+    if version > current:
+        raise too_new(where, version, current)
+
+
 def inspect(path: str | os.PathLike[str]) -> str:
     """``queue``, ``new`` (missing or empty) or raise ``UnusableFile``; writes nothing.
 
-    Reads the 100-byte header directly; only a SQLite file without the mark
-    is opened, read-only, to see whether it holds anything at all.
+    The file is judged as its last commit left it (``_identity``): by its
+    100-byte header while no ``-wal`` holds commits, else through SQLite,
+    which reads the header's page from the ``-wal``. Only a SQLite file
+    without the mark is opened further, read-only, to see whether it holds
+    anything at all.
     """
     name = os.fspath(path)
     try:
         with open(name, "rb") as file:
             header = file.read(100)
-        size = os.path.getsize(name)
     except FileNotFoundError:
         return "new"
     except IsADirectoryError:
@@ -560,9 +608,13 @@ def inspect(path: str | os.PathLike[str]) -> str:
     if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
         raise UnusableFile("not_a_database", f"{name} is not a SQLite database; "
                            "the queue writes only to its own files")
-    application_id = int.from_bytes(header[68:72], "big")
+    application_id, version = _identity(name, header)
     if application_id == APPLICATION_ID:
-        return _check_own(name, header, size)
+        if version < 1:
+            raise no_such_version(name, version)
+        if version > SCHEMA_VERSION:
+            raise too_new(name, version)
+        return "queue"
     if _is_empty_database(name):
         return "new"
     raise UnusableFile("not_a_queue", f"{name} is a database of another application "
@@ -570,19 +622,58 @@ def inspect(path: str | os.PathLike[str]) -> str:
                        "the queue writes only to its own files")
 
 
-def _check_own(name: str, header: bytes, size: int) -> str:
-    version = int.from_bytes(header[60:64], "big")
-    if version > SCHEMA_VERSION:
-        raise UnusableFile("schema_too_new", f"{name} has queue schema version {version}; "
-                           f"this version of queue_core knows {SCHEMA_VERSION} (upgrade it)")
+def _identity(name: str, header: bytes | None = None) -> tuple[int, int]:
+    """The file's application id and schema version as its last commit left them.
+
+    While no ``-wal`` holds commits, the main file is the last commit, and
+    its header (``header``, or read here) is read as bytes, without opening
+    the database: a foreign file is then refused without SQLite touching
+    it. The header's page count is checked against the file's size there
+    (a file cut short is refused as ``not_a_database``).
+
+    A ``-wal`` that holds frames overrides the main file: a commit that is
+    still there (a writer killed before its checkpoint), or a checkpoint
+    killed half-way, which has copied some pages, the header's among them,
+    and not others. The main file's bytes are then not what was committed
+    and may be shorter than its header counts, though nothing is lost: so
+    the identity is read through SQLite (``mode=ro``, using the ``-wal``
+    and ``-shm`` already there, as ``read`` does), and the size is not
+    compared, since the pages the main file lacks are in the ``-wal``.
+    """
+    if _wal_holds_frames(name):
+        try:
+            conn = _connect_ro(Path(name).resolve().as_posix())
+            try:
+                with read_transaction(conn):
+                    return (int(conn.execute("PRAGMA application_id").fetchone()[0]),
+                            int(conn.execute("PRAGMA user_version").fetchone()[0]))
+            finally:
+                conn.close()
+        except UnicodeDecodeError:
+            raise damaged(name) from None
+        except sqlite3.DatabaseError as exc:
+            raise UnusableFile("not_a_database", f"{name}: {exc}") from exc
+    if header is None:
+        with open(name, "rb") as file:
+            header = file.read(100)
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(header[28:32], "big")
     valid = header[24:28] == header[92:96] and pages > 0
-    if valid and size < pages * page_size:
+    size = os.path.getsize(name)
+    application_id = int.from_bytes(header[68:72], "big")
+    if application_id == APPLICATION_ID and valid and size < pages * page_size:
         raise UnusableFile("not_a_database", f"{name} is truncated: its header counts "
                            f"{pages * page_size} bytes, the file has {size}")
-    return "queue"
+    return application_id, int.from_bytes(header[60:64], "big")
+
+
+def _wal_holds_frames(name: str) -> bool:
+    """Whether a ``-wal`` beside ``name`` holds anything (a header at least)."""
+    try:
+        return os.path.getsize(f"{name}-wal") > 0
+    except OSError:
+        return False
 
 
 def _is_empty_database(name: str) -> bool:
@@ -606,7 +697,9 @@ def _is_empty_database(name: str) -> bool:
 
 def _table_names(name: str) -> str:
     try:
-        conn = _connect_immutable(name)
+        # Through the -wal where it holds frames: a WAL file's tables may exist only there.
+        conn = (_connect_ro(Path(name).resolve().as_posix()) if _wal_holds_frames(name)
+                else _connect_immutable(name))
         try:
             names = [row[0] for row in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 6")]
@@ -787,7 +880,9 @@ class SqliteStore:
         return read(self.target, body)
 
     def transaction(self, conn: sqlite3.Connection, *, relaxed: bool = False) -> transaction:
-        return transaction(conn, relaxed=relaxed)
+        """A write transaction for this engine's statements: the file's version is
+        checked under the write lock (``transaction``'s ``version``)."""
+        return transaction(conn, relaxed=relaxed, version=SCHEMA_VERSION)
 
     def read_transaction(self, conn: sqlite3.Connection) -> read_transaction:
         return read_transaction(conn)
