@@ -34,7 +34,7 @@ from .clock import Clock, SystemClock
 from .crashpoints import crash_point
 from .errors import BatchConflict, NotRedrivable, UnknownEvent
 from .ingest import EVENT_ID, Batch, parse_batch, payload_digest, read_batch
-from .storage import SYNCHRONOUS_MODES, too_old
+from .storage import SYNCHRONOUS_MODES, refuse_other_version
 from .stores import open_store
 from .transitions import (CLAIM, DUE, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss,
                           picking, write_journal)
@@ -153,9 +153,18 @@ class Queue(QueueAcks, QueueViews):
         return self._transaction_on_own_connection(relaxed)
 
     def _require_current_schema(self) -> None:
-        """Refuse a write to a queue of an earlier schema version (``schema_too_old``)."""
+        """Refuse a write to a queue of another schema version than this engine's
+        (``schema_too_old``, ``schema_too_new``).
+
+        The version seen when the queue was opened is read again when it
+        differs: another process may have migrated the file since. The
+        store's write transaction checks it once more under its lock, so a
+        version changed after this check is refused there too.
+        """
         if self.schema_version != self.store.schema_version:
-            raise too_old(self.store.describe(), self.schema_version, self.store.schema_version)
+            self.schema_version = self.store.prepare(create=False)
+            refuse_other_version(self.store.describe(), self.schema_version,
+                                 self.store.schema_version)
 
     @contextmanager
     def _transaction_on_own_connection(self, relaxed: bool) -> Iterator[sqlite3.Connection]:

@@ -44,7 +44,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol, 
 
 from . import audit
 from .crashpoints import crash_point
-from .storage import BUSY_TIMEOUT_SECONDS, too_old
+from .storage import BUSY_TIMEOUT_SECONDS
 from .values import Message, State, Transition
 
 from .clock import Clock
@@ -60,6 +60,7 @@ class Queue(Protocol):
     store: Store
     schema_version: int
 
+    def _require_current_schema(self) -> None: ...
     @property
     def connection(self) -> Any: ...
     def session(self) -> ContextManager[Any]: ...
@@ -71,6 +72,7 @@ __all__ = ["PRUNE_BATCH", "Pruned", "prune"]
 PRUNE_BATCH = 50            # messages per prune transaction
 READ_AHEAD = 10             # batches whose candidates and journal rows one read gathers
 VACUUM_PAGES = 64           # pages given back per incremental-vacuum transaction
+_EARLIEST = -(2**63)        # the least 64-bit integer, the earliest cutoff both stores take
 LOCK_POLL_SECONDS = 0.0002  # how often a prune asks again for SQLite's write lock
 WAL_TRUNCATE_BYTES = 1024 * 1024  # a WAL this long is truncated after a prune, if idle
 SQLITE_BUSY = 5
@@ -150,11 +152,11 @@ def prune(queue: Queue, older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pr
                          f"got {older_than!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if queue.schema_version != queue.store.schema_version:  # before the first read of what
-        # schema 2 added
-        raise too_old(queue.store.describe(), queue.schema_version, queue.store.schema_version)
+    queue._require_current_schema()  # before the first read of what schema 2 added
     now = queue.clock.now()
-    cutoff = now - older_than
+    # An age before the clock's first second prunes nothing; kept within the
+    # 64-bit integers both stores compare with (older_than=10**19 is such an age).
+    cutoff = max(now - older_than, _EARLIEST)
     pruned = rows = batches = 0
     kept: list[str] = []
     longest = 0.0
