@@ -57,7 +57,7 @@ from typing import Any, Iterable, Mapping
 from .errors import InvalidPayload
 from .handler import Handler
 from .ingest import payload_digest
-from .storage import has_table
+from .storage import has_table, too_new
 from .stores import open_store
 from .transitions import EXPIRED
 from .values import Compacted, Effect, Message, Metrics, State, Status, Transition
@@ -237,12 +237,21 @@ def snapshot(path: str | os.PathLike[str]) -> Snapshot:
     ``path`` may be a ``postgresql://`` connection string: then the read is
     one ``REPEATABLE READ READ ONLY`` transaction, one snapshot of the whole
     database.
+
+    Refuses what every command refuses, with the same codes and nothing
+    written (``store.prepare(create=False)``): ``no_queue_file``,
+    ``not_a_queue``, ``not_a_database``, and ``schema_too_new`` for a queue
+    a later version of this package made (this one cannot judge it), also
+    when its version changed between that check and the read.
     """
     store = open_store(path)
+    store.prepare(create=False)
 
     def read(conn: Any) -> Snapshot:
-        integrity, foreign_keys = store.self_checks(conn)
         version = read_version(conn)
+        if version > store.schema_version:
+            raise too_new(store.describe(), version, store.schema_version)
+        integrity, foreign_keys = store.self_checks(conn)
         return Snapshot(
             status=read_status(conn),
             messages={m.event_id: m for m in read_messages(conn)},

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from queue_core import Handler, ModelClock, Queue, drain
+from queue_core import Handler, ModelClock, Queue, UnusableFile, drain
 from queue_core.audit import FINDINGS, check, findings, snapshot
 from queue_core.lab.story.child import collect, reap, run_child
 from queue_core.lab.story.scenario import DEMO_JSONL
@@ -156,8 +156,9 @@ def test_totals_that_are_not_the_sum_of_the_effect_rows_are_reported(db_path: Pa
 
 
 def test_a_snapshot_never_creates_a_file(tmp_path: Path) -> None:
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(UnusableFile) as refused:  # refused as every command refuses it
         snapshot(tmp_path / "missing.sqlite3")
+    assert refused.value.code == "no_queue_file"
     assert list(tmp_path.iterdir()) == []
 
 
