@@ -33,7 +33,7 @@ import tempfile
 import warnings
 from contextlib import contextmanager
 from typing import Iterator
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 DSN_VARIABLE = "QUEUE_CORE_PG_DSN"
 SERVER_VARIABLE = "QUEUE_CORE_PG_SERVER"
@@ -142,7 +142,9 @@ def with_schema(dsn: str, schema: str) -> str:
     query = dict(parse_qsl(parts.query))
     options = _SEARCH_PATH.sub("", query.get("options", ""))
     query["options"] = f"{options} -csearch_path={schema}".strip()
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    # Spaces as %20, not "+": libpq decodes percent escapes only, and would read a
+    # "+" as part of the option before it ("-c work_mem=8MB+-csearch_path=...").
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
 
 
 def schema_of(dsn: str) -> str | None:
