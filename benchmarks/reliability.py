@@ -31,6 +31,12 @@ be version 1 intact or version 2 complete, the prune's batches whole or
 absent, and go on to the uninterrupted run's end. Any other outcome fails
 the run.
 
+Then the checkpoint sweep (``queue_core.lab.sweeps.checkpoint``): enqueue,
+work, prune and migrate, each a real process killed with SIGKILL before each
+write, flush or truncation of the main file that its checkpoint makes; after
+each kill every command must run on the file, read the committed schema
+version, audit clean, and end as the uninterrupted run ends.
+
 Last, the same crash sweep (every protocol) and the stress run (4 processes
 x 1000 events) on PostgreSQL: on ``QUEUE_CORE_PG_DSN`` if set, else on a
 private server (``queue_core.lab.private_postgres``) stopped at the end
@@ -62,6 +68,7 @@ from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
 from queue_core.lab.servers.postgres_server import NoPostgres, private_postgres  # noqa: E402
 from queue_core.lab.lifetime import (ENGINES, NoHistory, migration_frame,  # noqa: E402
                                      sweep_every_engine)
+from queue_core.lab.sweeps.checkpoint import COMMANDS, run_checkpoint_sweep  # noqa: E402
 from queue_core.lab.sweeps.powerloss import run_lifetime_powerloss, run_powerloss  # noqa: E402
 from queue_core.lab.sweeps.network import network_frame, run_network_sweep  # noqa: E402
 from queue_core.lab.sweeps.stress import run_stress  # noqa: E402
@@ -153,6 +160,21 @@ def lifetime_section(problems: list[str]) -> None:
               + ", ".join(f"{n} {o}" for o, n in counts.most_common()))
     problems.extend(f"lifetime power loss, {image.run}, {image.frames} frames: "
                     f"{image.outcome}: {image.detail}" for image in report.violations)
+
+
+def checkpoint_section(problems: list[str], every: int) -> None:
+    """enqueue, work, prune and migrate killed (SIGKILL) before each write of their
+    checkpoint to the main file, then every command on the file left behind."""
+    with tempfile.TemporaryDirectory(prefix="checkpoint-sweep-") as folder:
+        cases, found = run_checkpoint_sweep(Path(folder), every=every)
+    for command in COMMANDS:
+        mine = [case for case in cases if case.command == command]
+        failed = {text.split(":")[0] for text in found if text.startswith(f"{command} killed")}
+        print(f"{command}: killed at {len(mine)} writes of its checkpoint "
+              f"(1-{max(case.point for case in mine)}); {len(mine) - len(failed)} left a file "
+              "that every later command used, at the committed version, audit clean, "
+              "ending as the uninterrupted run")
+    problems.extend(f"checkpoint sweep: {text}" for text in found)
 
 
 def fuzz_section(examples: int, problems: list[str]) -> None:
@@ -269,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
           lambda: migration_section(problems))
     timed("lifetime: migrate and prune killed at every step, cut at every WAL frame",
           lambda: lifetime_section(problems))
+    timed("checkpoint sweep: each command killed inside its checkpoint, then every command",
+          lambda: checkpoint_section(problems, every=4 if args.quick else 1))
     timed("fuzzed input", lambda: fuzz_section(fuzz, problems))
     timed("stateful model", lambda: model_section(programs, problems))
     timed("stress", lambda: stress_section(stress, problems))

@@ -39,8 +39,11 @@ class NoShim(RuntimeError):
     """The slow-disk shim cannot be had here; the message says why."""
 
 
-def shim_library(build: bool = True) -> Path:
-    """The built shim, compiled first if it is missing or older than its source.
+def shim_library(build: bool = True, source: Path = SOURCE, library: Path = LIBRARY,
+                 what: str = "the slow-disk shim") -> Path:
+    """The built shim, compiled first if it is missing or older than its source
+    (the slow disk's, unless another ``source`` and ``library`` are given:
+    ``lab.sweeps.checkpoint`` builds its own the same way).
 
     Raises ``NoShim`` where ``LD_PRELOAD`` does not apply (not Linux), where
     the source is absent (an installed package, not a checkout), or where no
@@ -49,29 +52,29 @@ def shim_library(build: bool = True) -> Path:
     if not sys.platform.startswith("linux"):
         raise NoShim(f"the shim is loaded with LD_PRELOAD, which this system ({sys.platform}) "
                      "does not read")
-    fresh = LIBRARY.exists() and (not SOURCE.exists()
-                                  or LIBRARY.stat().st_mtime >= SOURCE.stat().st_mtime)
+    fresh = library.exists() and (not source.exists()
+                                  or library.stat().st_mtime >= source.stat().st_mtime)
     if fresh:
-        return LIBRARY
-    if not SOURCE.exists():
-        raise NoShim(f"the shim's source {SOURCE.name} is not here (run from a checkout)")
+        return library
+    if not source.exists():
+        raise NoShim(f"the shim's source {source.name} is not here (run from a checkout)")
     name = os.environ.get("CC", "cc")
     compiler = shutil.which(name)
     if compiler is None or not build:
-        raise NoShim(f"no C compiler ({name}) to build the slow-disk shim" if compiler is None
-                     else f"{LIBRARY.relative_to(ROOT)} is not built (make bench builds it)")
+        raise NoShim(f"no C compiler ({name}) to build {what}" if compiler is None
+                     else f"{library.relative_to(ROOT)} is not built (make bench builds it)")
     # Built under a name of its own, then renamed: two processes that build at
     # once (a notebook and a test run) never load a half-written file.
-    partial = LIBRARY.with_name(f"{LIBRARY.stem}.{os.getpid()}.partial")
+    partial = library.with_name(f"{library.stem}.{os.getpid()}.partial")
     try:
-        LIBRARY.parent.mkdir(exist_ok=True)
+        library.parent.mkdir(exist_ok=True)
         built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial),
-                                str(SOURCE), "-ldl"], capture_output=True, text=True, check=False)
+                                str(source), "-ldl"], capture_output=True, text=True, check=False)
         if built.returncode == 0:
-            os.replace(partial, LIBRARY)
-            return LIBRARY
+            os.replace(partial, library)
+            return library
     except OSError as exc:
-        raise NoShim(f"the shim cannot be built into {LIBRARY.parent.name}/: "
+        raise NoShim(f"the shim cannot be built into {library.parent.name}/: "
                      f"{exc.strerror}") from None
     finally:
         partial.unlink(missing_ok=True)
