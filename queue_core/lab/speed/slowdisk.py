@@ -39,7 +39,7 @@ class NoShim(RuntimeError):
     """The slow-disk shim cannot be had here; the message says why."""
 
 
-def shim_library(build: bool = True, source: Path = SOURCE, library: Path = LIBRARY,
+def shim_library(build: bool = True, source: Path | None = None, library: Path | None = None,
                  what: str = "the slow-disk shim") -> Path:
     """The built shim, compiled first if it is missing or older than its source
     (the slow disk's, unless another ``source`` and ``library`` are given:
@@ -49,6 +49,8 @@ def shim_library(build: bool = True, source: Path = SOURCE, library: Path = LIBR
     the source is absent (an installed package, not a checkout), or where no
     C compiler exists or the compile fails.
     """
+    source = SOURCE if source is None else source  # read when called: a test may move them
+    library = LIBRARY if library is None else library
     if not sys.platform.startswith("linux"):
         raise NoShim(f"the shim is loaded with LD_PRELOAD, which this system ({sys.platform}) "
                      "does not read")
