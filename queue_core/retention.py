@@ -334,7 +334,11 @@ def _give_back(queue: Queue) -> None:
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # 2: INCREMENTAL
         while conn.execute("PRAGMA freelist_count").fetchone()[0] >= VACUUM_PAGES:
             with _writing(queue):
-                conn.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
+                # One page per statement: ``incremental_vacuum(N)`` gives back a page
+                # per step, and Python 3.11's sqlite3 steps it once where 3.12 steps
+                # it to the end, so N in one statement would depend on the Python.
+                for _ in range(VACUUM_PAGES):
+                    conn.execute("PRAGMA incremental_vacuum(1)").fetchall()
     wal = f"{queue.store.target}-wal"
     if not os.path.exists(wal) or os.path.getsize(wal) < WAL_TRUNCATE_BYTES:
         return

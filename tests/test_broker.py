@@ -151,9 +151,11 @@ def test_a_stalled_inbox_consumer_overtaken_stores_the_event_once_and_counts_the
     assert (run.money, run.findings, run.pending) == (17000, (), ())
     assert [t.reason for t in run.snapshot.journal if t.event_id == "E0001"] == [
         "enqueued", "claimed", "completed"]
-    # the figure's red cross: B's repeat, after E0001's last journal row (done, seq 3)
-    assert [(m.event_id, m.after_seq, m.label) for m in repeat_marks(run)] == [
-        ("E0001", 3, "delivery 2 (B): repeat, not stored")]
+    # the figure's grey square, not the rejected-or-crashed cross: B's repeat broke nothing;
+    # drawn after E0001's last journal row (done, seq 3)
+    assert [(m.event_id, m.after_seq, m.label, m.harmless, m.caught)
+            for m in repeat_marks(run)] == [
+        ("E0001", 3, "delivery 2 (B): repeat, not stored", True, False)]
 
 
 # -- a consumer is killed -----------------------------------------------------------------------

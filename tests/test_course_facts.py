@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import inspect
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,3 +182,36 @@ def test_a_count_in_a_caption_is_the_count_its_figure_printed(path: Path) -> Non
 def test_every_call_a_notebook_suggests_is_importable_where_it_says(path: Path) -> None:
     found = notebook_problems(path)
     assert found == [], "\n".join(found)
+
+
+def test_the_exercise_order_the_readme_and_09_give_is_the_chapters_each_exercise_links() -> None:
+    nine = ROOT / "notebooks" / "09_exercises.ipynb"
+    linked = {int(n): int(chapter) for cell in cells(nine) for n, chapter in re.findall(
+        r"^## Exercise (\d+):.*?· chapter \[(\d\d) ", source(cell), re.S | re.M)}
+    assert linked == {1: 1, 2: 1, 3: 4, 4: 3, 5: 6, 6: 2, 7: 12, 8: 13, 9: 14}
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert ("comes before the chapters that exercises 7, 8 and 9 need (12, 13 and 14). Do "
+            "exercises 1-6 (chapters 01-06) when you reach 09") in readme
+    said = " ".join(source(cells(nine)[0]).split())
+    assert ("Exercises 1-6 need only chapters 01-06: do them now. Exercises 7, 8 and 9 need "
+            "chapters 12, 13 and 14, which come after this notebook") in said
+
+
+def test_the_command_line_quick_start_prints_what_its_comments_say(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("### Quick start", 1)[1].split("| to | run |", 1)[0]
+    lines = [line.strip() for line in block.splitlines() if line.startswith("    .venv/bin/")]
+    assert len(lines) == 6
+    said = []
+    for line in lines:
+        command, _, comment = line.partition("#")
+        argv = shlex.split(command)[1:]
+        argv = [str(ROOT / a) if a.startswith("data/") else a for a in argv]
+        done = subprocess.run([sys.executable, "-m", "queue_core", *argv], cwd=tmp_path,
+                              capture_output=True, text=True, check=True)
+        said.append((comment.strip(), done.stdout))
+    assert said[0] == ("inserted 4, duplicates 1", "inserted 4, duplicates 1\n")
+    assert said[1][1].count(" done (generation 1)") == 3 and "E0004 dead" in said[1][1]
+    assert "total:   17000" in said[2][1] and "E0004 is ready again" in said[3][1]
+    assert "E0004 done (generation 2): toy +3000" in said[4][1]
+    assert said[5] == ("total 20000", said[5][1]) and "total:   20000" in said[5][1]

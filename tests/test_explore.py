@@ -249,6 +249,21 @@ def test_a_crash_after_a_caught_step_is_marked_apart_from_it(small_runs) -> None
         ("W2 marks done (g2); audit: done_without_effect", True), ("W2 crashes", False)]
 
 
+def test_the_fresh_workers_second_effect_is_marked_where_the_audit_catches_it(small_runs) -> None:
+    schedule = [*small_runs["write then mark"].shortest.schedule, Step("W2", "crashes"), FINISH]
+
+    again = replay("write then mark", SMALL, schedule)
+
+    assert [(m.label, m.caught) for m in again.marks] == [
+        ("W2 writes the effect (g2); audit: effect_without_done", True), ("W2 crashes", False),
+        ("g3; audit: effect_written_twice", True)]
+    # drawn after the fresh worker's claim of generation 3, before the done row it wrote
+    rows = [t for t in again.journal if t.event_id == "E0001"]
+    claim = [t for t in rows if t.to_state == "leased"][-1]
+    assert (claim.generation, again.marks[-1].after_seq, rows[-1].to_state) == (3, claim.seq, "done")
+    assert again.money == 20000
+
+
 # -- retention: a prune interleaved with a late duplicate enqueue and a stale ACK -----------
 
 from queue_core.lab.sweeps.schedule import PRUNE  # noqa: E402

@@ -133,6 +133,16 @@ def test_a_caught_mark_is_a_star_with_its_own_legend_entry_beside_a_crossed_one(
     assert "rejected or crashed" not in [t.get_text() for t in only_caught.get_legend().get_texts()]
 
 
+def test_a_harmless_mark_is_a_grey_square_with_its_own_legend_entry_and_no_cross(
+        stale_story: tuple[Queue, Mark]) -> None:
+    queue, rejected = stale_story
+    repeat = Mark(1002, rejected.after_seq, "E0001", "a repeat", harmless=True)
+    ax = plot_timeline(queue, marks=[repeat]).axes[0]
+    assert [line.get_marker() for line in ax.lines if line.get_marker() in ("X", "*", "s")] == ["s"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[-1] == "a repeat: nothing written" and "rejected or crashed" not in legend
+
+
 def test_two_marks_close_together_keep_their_labels_apart(stale_story: tuple[Queue, Mark]) -> None:
     queue, rejected = stale_story
     first = Mark(1002, rejected.after_seq, "E0001", "a first label, long enough to reach over")

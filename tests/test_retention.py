@@ -301,3 +301,28 @@ def test_prune_names_the_message_that_waits_because_it_owns_the_journals_newest_
         "E0001 waits for a later prune: it owns the journal's newest row, which is kept so "
         "that no journal number is ever used twice"]
     assert queue.message("E0001").payload is not None and audit.findings(db_path) == []
+
+
+def test_free_pages_go_back_a_full_step_at_a_time_on_every_python(db_path: Path) -> None:
+    # Python 3.11's sqlite3 stepped ``PRAGMA incremental_vacuum(N)`` once (one page
+    # given back per call) where 3.12 steps it to the end (N pages): the pruned file's
+    # size, printed in notebook 13, differed between the two.
+    from queue_core.retention import VACUUM_PAGES, _give_back
+    queue = Queue(db_path, clock=ModelClock(1000))
+    queue.enqueue_jsonl(E0001)
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("CREATE TABLE scratch (blob BLOB)")
+    raw.executemany("INSERT INTO scratch VALUES (?)", [(bytes(900),)] * 150)
+    raw.execute("DROP TABLE scratch")
+    free, pages = (raw.execute(f"PRAGMA {name}").fetchone()[0]
+                   for name in ("freelist_count", "page_count"))
+    assert free >= 2 * VACUUM_PAGES + 1
+
+    with queue.session():
+        _give_back(queue)
+
+    left = free % VACUUM_PAGES
+    assert (raw.execute("PRAGMA freelist_count").fetchone()[0],
+            raw.execute("PRAGMA page_count").fetchone()[0]) == (left, pages - (free - left))
+    raw.close()
+    assert queue.status().states["ready"] == 1 and audit.findings(db_path) == []

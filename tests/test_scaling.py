@@ -10,7 +10,7 @@ import pytest
 from queue_core import Handler, audit
 from queue_core.lab.speed import measure_scaling, plot_scaling, scaling_frame
 from queue_core.lab.story import play_scenario
-from queue_core.lab.speed.scaling import (BUSY_SAMPLE_S, CommitCost, ScalingRow, busy_share,
+from queue_core.lab.speed.scaling import (BUSY_SAMPLE_S, LEVEL_BAND, CommitCost, ScalingRow, busy_share,
                                           commit_cost, cpu_ticks, describe_scaling,
                                           pg_round_trips)
 
@@ -181,3 +181,24 @@ def test_sqlite_rising_with_four_workers_only_is_said_so_not_denied() -> None:
     assert "4 workers: 2.14 times" in said
     assert "only queued for the lock" not in said
     assert "It rose here all the same with 4 workers" in said
+
+
+@pytest.mark.parametrize("seconds, words", [
+    ((1.0, 1 / 0.85, 1 / 0.85), "it stayed level (x0.85), from 2 to 4 it stayed level (x1.00)"),
+    ((1.0, 1 / 1.31, 1 / 1.10), "it rose (x1.31), from 2 to 4 it fell (x0.84)"),
+    ((1.0, 1 / 0.84, 1 / 0.84), "it fell (x0.84), from 2 to 4 it stayed level (x1.00)"),
+    ((1.0, 1 / 1.15, 1 / 1.16), "it stayed level (x1.15), from 2 to 4 it stayed level (x1.01)"),
+], ids=["0.85-level", "rose-then-fell-by-the-step", "0.84-fell", "1.15-level"])
+def test_each_verdict_word_follows_the_printed_step_and_the_stated_band(
+        seconds: tuple[float, float, float], words: str) -> None:
+    rows = [*(row("sqlite", n, 0.3, 0.5) for n in (1, 2, 4)),
+            *(row("postgres", n, s, 0.5) for n, s in zip((1, 2, 4), seconds))]
+
+    said = " ".join(describe_scaling(rows, cores=2, background=0.1, costs=COSTS).split())
+
+    assert LEVEL_BAND == 0.15
+    assert ("A step from one number of workers to the next counts as level when its ratio is "
+            "within 15% of 1 (x0.85 to x1.15): runs on one machine vary that much; above it "
+            "rose, below it fell.") in said
+    assert f"postgres: 300 messages/s with 1 worker; 2 workers: {1 / seconds[1]:.2f}" in said
+    assert f"From 1 to 2 workers {words}." in said

@@ -23,10 +23,12 @@ WORKERS, EVENTS = (8, 5000) if SOAK else (4, 300)
 
 def test_many_crashing_workers_finish_every_event_exactly_once_and_the_money_reconciles(
         tmp_path: Path):
-    report = run_stress(tmp_path, events=EVENTS, workers=WORKERS, seed=11)
+    report = run_stress(tmp_path, events=EVENTS, workers=WORKERS, seed=11, killed_first=2)
     assert report.problems == ()
-    assert report.crashes >= 5, "the run must actually kill workers"
-    assert report.processes == report.rounds * WORKERS >= 2 * WORKERS
+    # the two opening rounds kill every worker at its first claim: crashes the run caused,
+    # counted exactly; the random ones after them depend on the scheduler, so only add
+    assert report.caused == 2 * WORKERS and report.crashes >= report.caused
+    assert report.processes == report.rounds * WORKERS > 2 * WORKERS
     assert report.done + report.dead == EVENTS
     assert (report.effects, report.duplicates, report.losses) == (report.done, 0, 0)
     db = tmp_path / "stress.sqlite3"

@@ -142,6 +142,9 @@ def plot_redelivery(runs: Mapping[str, Mapping[str, "BrokerRun"]], event_id: str
             if chosen is not None:
                 xs.append(i + (k - 1) * width)
                 heights.append(value(chosen))
+            else:  # a failure run with one kind of consumer only: say so at the empty slot
+                ax.text(i + (k - 1) * width, 0.04, f"no {keep}\nrun", ha="center",
+                        va="bottom", fontsize=8, color=color)
         ax.bar(xs, heights, width, color=color, label=label, edgecolor="black", lw=0.5)
         for x, h in zip(xs, heights):
             ax.text(x, h + 0.04, str(h), ha="center", va="bottom", fontsize=8)
@@ -236,5 +239,6 @@ def repeat_marks(run: "BrokerRun") -> Sequence[Mark]:
         if step.step == "committed" and step.detail.startswith("repeat"):
             rows = [t for t in run.snapshot.journal if t.event_id == step.event_id]
             marks.append(Mark(rows[-1].at, rows[-1].seq, step.event_id,
-                              f"delivery {step.delivery} ({step.consumer}): repeat, not stored"))
+                              f"delivery {step.delivery} ({step.consumer}): repeat, not stored",
+                              harmless=True))
     return marks

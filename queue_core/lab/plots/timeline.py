@@ -40,13 +40,15 @@ TRANSITION_COLUMNS = ["at", "event_id", "from_state", "to_state", "generation", 
 class Mark:
     """A moment the journal cannot show: ``label`` on ``event_id`` at model second
     ``at``, drawn after journal row ``after_seq``; ``caught`` if the audit found
-    something after it (drawn as a star, not a cross)."""
+    something after it (drawn as a star, not a cross); ``harmless`` for a step that
+    changed nothing and broke nothing, a repeat the inbox counted (a grey square)."""
 
     at: int
     after_seq: int
     event_id: str
     label: str
     caught: bool = False
+    harmless: bool = False
 
 
 def mark(queue: "Queue", event_id: str, label: str, *, after: int | None = None) -> Mark:
@@ -134,13 +136,15 @@ def plot_timeline(source: "Queue | pd.DataFrame", *, marks: Sequence[Mark] = (),
             if true_time and row["reason"] == "transient_error" and stop - start >= 0.5:
                 ax.text((start + stop) / 2, lane, f"waits {stop - start:g} s", ha="center",
                         va="center", fontsize=8, color="white", fontweight="bold")
-    labels = [_draw_mark(ax, events.index(m.event_id), x[order], m.label, caught=m.caught)
+    labels = [_draw_mark(ax, events.index(m.event_id), x[order], m.label, caught=m.caught,
+                         harmless=m.harmless)
               for m, order in zip(marks, mark_order(marks))]
     _timeline_axes(ax, events, int(first), end, title, room_below=bool(marks),
                    true_time=true_time)
     _timeline_legend(ax, expired=bool((frame["reason"] == "lease_expired").any()),
-                     marked=any(not m.caught for m in marks),
-                     caught=any(m.caught for m in marks))
+                     marked=any(not m.caught and not m.harmless for m in marks),
+                     caught=any(m.caught for m in marks),
+                     harmless=any(m.harmless for m in marks))
     fig.tight_layout()
     _keep_inside(fig, ax, labels)
     _keep_apart(fig, labels)
@@ -149,14 +153,19 @@ def plot_timeline(source: "Queue | pd.DataFrame", *, marks: Sequence[Mark] = (),
 
 _CAUGHT = {"marker": "*", "color": "gold", "markeredgecolor": "black"}
 _REJECTED = {"marker": "X", "color": "crimson", "markeredgecolor": "black"}
+_HARMLESS = {"marker": "s", "color": "0.75", "markeredgecolor": "black"}
 
 
-def _draw_mark(ax: Any, lane: int, at: float, label: str, *, caught: bool = False) -> Any:
-    """A red cross (a gold star if the audit caught the step) on the lane; its
-    label centred right under the symbol, below the bar."""
-    ax.plot(at, lane, markersize=16 if caught else 11, **(_CAUGHT if caught else _REJECTED))
+def _draw_mark(ax: Any, lane: int, at: float, label: str, *, caught: bool = False,
+               harmless: bool = False) -> Any:
+    """A red cross (a gold star if the audit caught the step, a grey square if the
+    step was harmless) on the lane; its label centred right under the symbol,
+    below the bar."""
+    style = _CAUGHT if caught else _HARMLESS if harmless else _REJECTED
+    ax.plot(at, lane, markersize=16 if caught else 9 if harmless else 11, **style)
     return ax.annotate(label, (at, lane + 0.25), xytext=(0, -2), textcoords="offset points",
-                       ha="center", va="top", fontsize=8, color="crimson",
+                       ha="center", va="top", fontsize=8,
+                       color="0.25" if harmless else "crimson",
                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
                              "alpha": 0.9})
 
@@ -190,7 +199,8 @@ def _keep_apart(fig: Any, labels: Sequence[Any]) -> None:
         placed.append(box)
 
 
-def _timeline_legend(ax: Any, *, expired: bool, marked: bool, caught: bool = False) -> None:
+def _timeline_legend(ax: Any, *, expired: bool, marked: bool, caught: bool = False,
+                     harmless: bool = False) -> None:
     """States, then only the symbols this picture uses."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -207,6 +217,9 @@ def _timeline_legend(ax: Any, *, expired: bool, marked: bool, caught: bool = Fal
     if caught:
         handles.append(Line2D([], [], ls="", markersize=13, label="caught by the audit",
                               **_CAUGHT))
+    if harmless:
+        handles.append(Line2D([], [], ls="", markersize=8, label="a repeat: nothing written",
+                              **_HARMLESS))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
 
 

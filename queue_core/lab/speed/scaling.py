@@ -313,9 +313,20 @@ def pg_round_trips(dsn: str, messages: int = 20, handler: Handler | None = None
     return PgTransactions(messages, tuple(trips), tuple(commits), sync)
 
 
+# A step whose ratio, as printed (two decimals), is within this of 1 "stayed level":
+# runs on one machine vary that much from one to the next.
+LEVEL_BAND = 0.15
+
+
+def step(before: float, after: float) -> float:
+    """The ratio of one rate to the one before it, as the sentences print it."""
+    return round(after / before, 2)
+
+
 def trend(before: float, after: float) -> str:
-    """``rose``, ``fell`` or ``stayed level`` (within 15 %: runs vary more than that)."""
-    return "rose" if after > 1.15 * before else "fell" if after < before / 1.15 else \
+    """``rose``, ``fell`` or ``stayed level`` (the printed ratio within ``LEVEL_BAND`` of 1)."""
+    ratio = step(before, after)
+    return "rose" if ratio > 1 + LEVEL_BAND else "fell" if ratio < 1 - LEVEL_BAND else \
         "stayed level"
 
 
@@ -328,12 +339,16 @@ def describe_scaling(rows: Sequence[ScalingRow], *, cores: int | None,
     said = [f"This machine has {cores or 'an unknown number of'} CPU cores; "
             + ("how busy other programs kept them is not measured on this system."
                if background is None else _background(background, cores))]
+    said.append(f"A step from one number of workers to the next counts as level when its ratio "
+                f"is within {LEVEL_BAND:.0%} of 1 (x{1 - LEVEL_BAND:.2f} to x{1 + LEVEL_BAND:.2f}): "
+                "runs on one machine vary that much; above it rose, below it fell.")
     rates = {(r.store, r.workers): r for r in rows}
     for store in dict.fromkeys(r.store for r in rows):
         one, two, four = (rates[store, n].per_second for n in (1, 2, 4))
         said.append(f"{store}: {one:.0f} messages/s with 1 worker; 2 workers: {two / one:.2f} "
                     f"times that, 4 workers: {four / one:.2f} times. From 1 to 2 workers it "
-                    f"{trend(one, two)}, from 2 to 4 it {trend(two, four)}.")
+                    f"{trend(one, two)} (x{step(one, two):.2f}), from 2 to 4 it "
+                    f"{trend(two, four)} (x{step(two, four):.2f}).")
         cost = (costs or {}).get(store)
         if cost is not None:
             said.append(f"  One {store} worker took {1000 / one:.2f} ms per message; a "

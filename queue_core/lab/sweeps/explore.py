@@ -308,9 +308,13 @@ def replay(protocol: str, scenario: Scenario, schedule: tuple[Step, ...] | list[
             if step.what == FINISH.what:
                 runner.clock.set(world.now)
                 runner.finish()
-                snap = audit.snapshot(runner.path)
+                after = audit.snapshot(runner.path)
                 said.append(str(step))
-                findings.append(tuple(broken_promise(snap, scenario)))
+                findings.append(tuple(broken_promise(after, scenario)))
+                for name, event_id in dict.fromkeys((f.name, f.event_id) for f in audit.check(after)
+                                                    if f.name not in caught_before):
+                    _mark_finish(marks, after, event_id, name)
+                snap = after
                 continue
             lease = _held_by(world, step)
             world, text, marked = runner.apply(world, step)
@@ -347,6 +351,19 @@ def _add_mark(marks: list[Mark], snap: audit.Snapshot, now: int, event_id: str,
     drawn side by side, in the order taken)."""
     last = snap.journal[-1].seq if snap.journal else 0
     marks.append(Mark(now, last, event_id, label, caught=caught))
+
+
+def _mark_finish(marks: list[Mark], snap: audit.Snapshot, event_id: str, name: str) -> None:
+    """Mark what the fresh worker that finished the queue did to ``event_id`` that
+    the audit then caught (a second effect, say): its work happened after its claim,
+    the event's last claim, before the state it left the message in."""
+    rows = [t for t in snap.journal if t.event_id == event_id]
+    claims = [t for t in rows if t.to_state == State.LEASED]
+    if not claims:
+        return
+    claim = claims[-1]
+    marks.append(Mark(rows[-1].at, claim.seq, event_id,
+                      f"g{claim.generation}; audit: {name}", caught=True))
 
 
 def _held_by(world: World, step: Step) -> Lease | None:

@@ -11,6 +11,13 @@ expire. At the end the shared audit (``queue_core.audit``) must find
 nothing, every event must be ``done`` or ``dead``, no event may be reported
 done by two workers, and the money must equal the sum of the done payloads.
 
+``killed_first`` rounds open the run with crashes it is sure to cause: in
+each, every worker is armed at ``claim.after_commit`` on its first claim, and
+the queue holds a due message for each of them, so each dies there whatever
+the scheduler does; ``StressReport.caused`` counts those kills, a figure a
+test can ask for exactly (the random crashes after them depend on which
+worker reaches its point before the queue runs dry).
+
 ``run_stress(workdir, db="postgresql://...")`` runs the same scenario on a
 PostgreSQL schema (the connection string's current schema, which must be
 empty or hold nothing but a queue); ``workdir`` still holds the gates.
@@ -22,7 +29,7 @@ import json
 import os
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ... import audit as ledger_audit
@@ -35,6 +42,7 @@ from ..story.scenario import LEASE_SECONDS, START
 
 MAX_ROUNDS = 200
 MAX_CRASH_AFTER = 12  # an armed worker dies at its 1st..12th arrival at the point
+SURE_POINT = "claim.after_commit"  # where the killed_first rounds' workers die, at their first claim
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class StressReport:
     expected_total: int
     integrity: str
     problems: tuple[str, ...] = field(default=())
+    caused: int = 0  # crashes of the ``killed_first`` rounds, each at a known point
 
     @property
     def ok(self) -> bool:
@@ -79,16 +88,19 @@ def stress_batch(events: int, seed: int) -> tuple[str, dict[str, int]]:
 
 def run_stress(workdir: str | os.PathLike[str], *, events: int = 1000, workers: int = 4,
                crash_rate: float = 0.9, fault_rate: float = 0.2, seed: int = 0,
-               db: str | None = None) -> StressReport:
+               db: str | None = None, killed_first: int = 0) -> StressReport:
     """Run the stress scenario in ``workdir``; see the module docstring.
 
     ``db`` is where the queue lives: by default ``stress.sqlite3`` in
     ``workdir``; a ``postgresql://`` connection string puts it in that
     connection's current schema. Raises ``ValueError`` for no worker or an
-    event count outside 1..9999, before anything is written.
+    event count outside 1..9999, or fewer events than the ``killed_first``
+    rounds' workers claim, before anything is written.
     """
     if workers < 1 or not 1 <= events <= 9999:
         raise ValueError("need at least one worker and 1..9999 events")
+    if killed_first < 0 or killed_first * workers >= events:
+        raise ValueError("killed_first rounds need a due message for each of their workers")
     db = db or os.path.join(os.fspath(workdir), "stress.sqlite3")
     clock = ModelClock(START)
     queue = Queue(db, clock=clock, lease_seconds=LEASE_SECONDS)
@@ -97,13 +109,15 @@ def run_stress(workdir: str | os.PathLike[str], *, events: int = 1000, workers: 
         queue.enqueue_jsonl("\n".join(text.splitlines()[start:start + 1000]))
     rng = random.Random(seed)
     reported: Counter[str] = Counter()
-    rounds = processes = crashes = 0
+    rounds = processes = crashes = caused = 0
     while _pending(queue) and rounds < MAX_ROUNDS:
         rounds += 1
         gate = Path(workdir) / f"gate-{rounds}"  # all workers of a round start together
         gate.mkdir()
-        crashes_at = [(rng.choice(PROTOCOL_POINTS) if rng.random() < crash_rate else None,
-                       rng.randint(1, MAX_CRASH_AFTER)) for _ in range(workers)]
+        certain = rounds <= killed_first
+        crashes_at = ([(SURE_POINT, 1)] * workers if certain else
+                      [(rng.choice(PROTOCOL_POINTS) if rng.random() < crash_rate else None,
+                        rng.randint(1, MAX_CRASH_AFTER)) for _ in range(workers)])
         procs = [run_child(db, now=clock.now(), lease_seconds=LEASE_SECONDS,
                            mode="drain" if point is None else mode_for(point), crash_at=point,
                            crash_after=after, faults={"rate": fault_rate, "seed": seed},
@@ -114,13 +128,15 @@ def run_stress(workdir: str | os.PathLike[str], *, events: int = 1000, workers: 
             for proc in procs:
                 result = collect(proc)  # type: ignore[arg-type]
                 crashes += result.crashed
+                caused += certain and result.crashed
                 reported.update(o.event_id for o in result.outcomes if o.kind == "done")
         finally:
             reap(procs)  # type: ignore[arg-type]
         processes += len(procs)
         clock.set(max(clock.now() + 1, _next_due(queue) or clock.now() + 1))
-    return audit(db, events, amounts, reported, workers=workers, rounds=rounds,
-                 processes=processes, crashes=crashes)
+    report = audit(db, events, amounts, reported, workers=workers, rounds=rounds,
+                   processes=processes, crashes=crashes)
+    return replace(report, caused=caused)
 
 
 def _pending(queue: Queue) -> bool:
