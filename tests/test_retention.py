@@ -303,3 +303,39 @@ def test_prune_names_the_message_that_waits_because_it_owns_the_journals_newest_
         "E0001 waits for a later prune: it owns the journal's newest row, which is kept so "
         "that no journal number is ever used twice"]
     assert queue.message("E0001").payload is not None and audit.findings(db_path) == []
+
+
+def test_a_postgresql_prune_skips_a_row_another_session_holds_and_prunes_the_rest(
+        pg_dsn: str) -> None:
+    import psycopg
+
+    queue, clock, _ = storied(pg_dsn)
+    clock.set(2000)
+    with psycopg.connect(pg_dsn) as outside:  # its transaction stays open until rollback
+        outside.execute("SELECT event_id FROM messages WHERE event_id = 'E0002' FOR UPDATE")
+        pruned = queue.prune(100)
+        assert (pruned.messages, pruned.skipped, pruned.kept) == (2, ("E0002",), ())
+        outside.rollback()
+    assert pruned.lines() == [
+        "pruned 2 done messages finished at least 100 s before t=2000: their payloads and 8 "
+        "journal rows dropped, in 1 transaction; keys, digests, effects and one compacted "
+        "record each kept",
+        "skipped 1 that another transaction holds (E0002): a later prune takes it",
+        "the space freed is reused for new rows once (auto)vacuum has run"]
+    snap = audit.snapshot(queue.path)
+    assert snap.messages["E0002"].payload is not None and snap.status.pruned == 2
+    assert snap.money == 17000 and audit.check(snap) == []
+    assert queue.prune(100).messages == 1  # once released, the next prune takes it
+    assert audit.snapshot(queue.path).status.pruned == 3
+
+
+def test_a_postgresql_prune_speaks_of_a_sequence_and_vacuum_not_of_sqlites_file(
+        pg_dsn: str) -> None:
+    queue = Queue(pg_dsn, clock=ModelClock(1000))
+    queue.enqueue_jsonl(E0001)
+    drain(queue, Handler())
+    queue.clock.set(9000)  # type: ignore[attr-defined]
+    said = " ".join(queue.prune(60).lines())
+    assert "E0001 waits for a later prune" in said
+    for sqlite_only in ("file system", "pages", "journal number is ever used twice"):
+        assert sqlite_only not in said
