@@ -11,8 +11,11 @@ command, ``--db``/``--now`` after it or the command's own option before it,
 with ``unknown_option:`` for an option its side does not have, shown with the
 usage of the parser that would have taken it and the closest option there is,
 with ``unknown_command:`` for a word where the command goes that is none, with
-the closest command,
-and with ``unused_option:`` for ``--db``/``--now`` given to ``demo``); 1 for
+the closest command, with ``unused_option:`` for ``--db``/``--now`` given to
+``demo``, with ``invalid_seconds:`` or ``invalid_count:`` for an integer option
+that is not plain ASCII digits in its range, and with ``missing_option:``,
+``missing_value:`` or ``unexpected_argument:`` for argparse's own refusals;
+no option is taken abbreviated); 1 for
 an operational error (a file that is not the queue's, a missing queue file
 for any command but ``enqueue``: ``no_queue_file``, a missing folder, or a
 file, folder, ``-wal`` or ``-shm`` that a writing command may not write:
@@ -37,7 +40,7 @@ import signal
 import sqlite3
 import sys
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NoReturn, Sequence
 
 from . import __version__
 from .cli_text import CONNECTION_LOST_OUTCOME, metrics_lines, status_lines, work_summary
@@ -61,12 +64,16 @@ EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 MAX_SECONDS = 10**12  # about 31,700 years: far beyond any clock, far below 2**63
 MAX_COUNT = 10**12  # messages: far beyond any queue, far below 2**63 (SQLite's LIMIT)
 READING_COMMANDS = ("status", "metrics")
+# argparse's own refusals, by what their text says; any other is ``invalid_argument``.
+ARGPARSE_CODES = (("the following arguments are required", "missing_option"),
+                  ("expected one argument", "missing_value"),
+                  ("unrecognized arguments", "unexpected_argument"))
 GLOBAL_OPTIONS = ("--db", "--now")  # each takes a value; they belong before the command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="queue-core",
+    parser = _Parser(
+        prog="queue-core", allow_abbrev=False,
         description="A reliable queue in one SQLite file: lease, fencing generation, "
                     "effect and ACK in one transaction. The options below (--db, --now) "
                     "come before the command; each command's own options after it.",
@@ -121,9 +128,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose every refusal starts with a stable code like the others:
+    ``argument --max: invalid_count: ...`` reads ``invalid_count: argument --max: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        moved = re.fullmatch(r"(argument [^:]+: )([a-z]+(?:_[a-z]+)+): (.*)", message, re.S)
+        if moved is not None:
+            message = f"{moved[2]}: {moved[1]}{moved[3]}"
+        elif re.match(r"[a-z]+(?:_[a-z]+)+: ", message) is None:
+            code = next((code for says, code in ARGPARSE_CODES if says in message),
+                        "invalid_argument")
+            message = f"{code}: {message}"
+        super().error(message)
+
+
 def _command(commands: Any, name: str, summary: str, example: str) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = commands.add_parser(
-        name, help=summary, description=summary, epilog=f"example: {example}")
+        name, help=summary, description=summary, epilog=f"example: {example}",
+        allow_abbrev=False)
     return parser
 
 
@@ -351,10 +374,10 @@ def _unknown_command(argv: list[str], parser: argparse.ArgumentParser) -> str | 
     commands = _commands(parser)
     at = 0
     while at < len(argv) and argv[at].startswith("-"):
-        token = argv[at]  # a global option, or an abbreviation of one, takes the next word
+        token = argv[at]  # a global option takes the next word
         if "=" in token or token in ("-h", "--help", "--version"):
             at += 1
-        elif any(option.startswith(token) for option in GLOBAL_OPTIONS):
+        elif token in GLOBAL_OPTIONS:
             at += 2
         else:
             return None  # an option the top level does not have: _unknown_options says so
@@ -384,7 +407,7 @@ def _command_at(argv: list[str], commands: dict[str, argparse.ArgumentParser]) -
     at = 0
     while at < len(argv) and argv[at] not in commands:
         at += 2 if argv[at] in GLOBAL_OPTIONS else 1  # skip an option's value: --db work
-    return at
+    return min(at, len(argv))  # a last option without its value: argparse says so
 
 
 def _unknown_options(argv: list[str], parser: argparse.ArgumentParser
@@ -566,40 +589,33 @@ def _refusal(exc: QueueError) -> str:
 
 
 def _seconds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integer seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"time cannot be negative, got {value}")
-    if value > MAX_SECONDS:  # SQLite stores 64-bit integers; now + lease must fit too
-        raise argparse.ArgumentTypeError(f"at most {MAX_SECONDS} seconds, got {value}")
-    return value
+    """A time (``--now``, ``--older-than``): whole seconds, 0 or more."""
+    return _whole(text, "invalid_seconds", "seconds", least=0, most=MAX_SECONDS)
 
 
 def _positive(text: str) -> int:
-    value = _seconds(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    """A duration (``--lease-seconds``): whole seconds, 1 or more."""
+    return _whole(text, "invalid_seconds", "seconds", least=1, most=MAX_SECONDS)
 
 
 def _count(text: str) -> int:
     """A number of messages (``--max``, ``--batch-size``): 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count of messages (a whole number, "
-                                         f"1 or more), got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a count of messages, 1 or more, got {value}")
-    if value > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"at most {MAX_COUNT} messages, got {value}")
-    return value
+    return _whole(text, "invalid_count", "a count of messages", least=1, most=MAX_COUNT)
+
+
+def _whole(text: str, code: str, what: str, least: int, most: int) -> int:
+    """Plain ASCII digits only: ``int()`` would also take ``1_0``, ``+3``, ``-0``,
+    `` 5`` and full-width digits. No option gives a negative number a meaning."""
+    # SQLite stores 64-bit integers; now + lease must fit too (and int() refuses 4301 digits)
+    digits = re.fullmatch(r"[0-9]{1,%d}" % len(str(most)), text)
+    if digits is None or not least <= int(text) <= most:
+        raise argparse.ArgumentTypeError(f"{code}: expected {what}, a whole number from "
+                                         f"{least} to {most}, got {text!r}")
+    return int(text)
 
 
 def _target(text: str) -> str:
     if not text.strip():
-        raise argparse.ArgumentTypeError("expected a file path or a postgresql:// connection "
-                                         f"string, got {text!r}")
+        raise argparse.ArgumentTypeError("invalid_db: expected a file path or a postgresql:// "
+                                         f"connection string, got {text!r}")
     return text

@@ -107,6 +107,8 @@ class Pruned:
     bytes_freed: int
     longest_batch_seconds: float  # the longest write-lock hold of one batch (wall clock)
     waiting: str | None = None  # old enough, but it owns the journal's newest row
+    skipped: tuple[str, ...] = ()  # old enough, but another transaction holds its row
+    store: str = "sqlite"
 
     def lines(self) -> list[str]:
         """What ``queue-core prune`` prints (no wall-clock figures)."""
@@ -123,11 +125,20 @@ class Pruned:
                     "finished at least "
                     f"{self.older_than} s before t={self.at}"]
         if self.waiting:
+            why = ("which is kept so that no journal number is ever used twice"
+                   if self.store == "sqlite" else "which a prune keeps on either store")
             said.append(f"{self.waiting} waits for a later prune: it owns the journal's newest "
-                        "row, which is kept so that no journal number is ever used twice")
+                        f"row, {why}")
+        if self.skipped:
+            said.append(f"skipped {len(self.skipped)} that another transaction holds "
+                        f"({', '.join(self.skipped[:5])}): a later prune takes "
+                        f"{'it' if len(self.skipped) == 1 else 'them'}")
         if self.kept:
             said.append(f"kept whole {len(self.kept)} whose journal the audit does not "
                         f"accept ({', '.join(self.kept[:5])}): run the audit")
+        if self.store != "sqlite":
+            said.append("the space freed is reused for new rows once (auto)vacuum has run")
+            return said
         said.append(f"{self.bytes_freed} bytes given back to the file system"
                     + ("" if self.bytes_freed or not self.messages else
                        f" (the space freed stays in the file for its next rows until "
@@ -159,31 +170,35 @@ def prune(queue: Queue, older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pr
     cutoff = max(now - older_than, _EARLIEST)
     pruned = rows = batches = 0
     kept: list[str] = []
+    skipped: list[str] = []
     longest = 0.0
     waiting: str | None = None
     with queue.session():
         size_before = _file_bytes(queue)
         while True:
             ahead = batch_size * READ_AHEAD
-            ids, steps, waiting = queue._read(lambda conn: _read_ahead(conn, cutoff, ahead, kept))
+            ids, steps, waiting = queue._read(
+                lambda conn: _read_ahead(conn, cutoff, ahead, kept + skipped))
             for start in range(0, len(ids), batch_size):
                 started = time.perf_counter()
                 with _writing(queue) as conn:
                     crash_point("prune.after_begin")
                     queue.store.serialize_enqueue(conn)  # PostgreSQL: one prune or enqueue at a time
-                    done, refused, dropped = _one_batch(conn, ids[start:start + batch_size],
-                                                        steps)
+                    done, refused, dropped, held = _one_batch(
+                        conn, queue.store.picked, ids[start:start + batch_size], steps)
                     crash_point("prune.before_commit")
                 crash_point("prune.after_commit")
                 longest = max(longest, time.perf_counter() - started)
                 batches += bool(done)
                 pruned, rows = pruned + done, rows + dropped
                 kept += refused
+                skipped += held
             if len(ids) < ahead:
                 break
         _give_back(queue)
         freed = max(0, size_before - _file_bytes(queue))
-    return Pruned(older_than, now, pruned, rows, tuple(kept), batches, freed, longest, waiting)
+    return Pruned(older_than, now, pruned, rows, tuple(kept), batches, freed, longest, waiting,
+                  tuple(skipped), queue.store.name)
 
 
 def _read_ahead(conn: Any, cutoff: int, limit: int, skip: list[str]
@@ -199,10 +214,13 @@ def _read_ahead(conn: Any, cutoff: int, limit: int, skip: list[str]
     return ids, _journal_of(conn, set(ids)) if ids else {}, waiting
 
 
-def _one_batch(conn: Any, ids: list[str],
-               steps: dict[str, list[Transition]]) -> tuple[int, list[str], int]:
+def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
+               steps: dict[str, list[Transition]]) -> tuple[int, list[str], int, list[str]]:
     """Prune the messages ``ids`` inside the caller's write transaction, each judged
-    by its journal rows ``steps`` read ahead: (pruned, kept whole, journal rows)."""
+    by its journal rows ``steps`` read ahead: (pruned, kept whole, journal rows,
+    skipped). A message whose row another transaction holds is skipped, as a claim
+    skips it (``Store.picked``: on PostgreSQL a ``SELECT ... FOR UPDATE`` elsewhere
+    would otherwise stop the whole prune at its lock timeout)."""
     last = conn.execute("SELECT event_id FROM transitions "
                         "ORDER BY seq DESC LIMIT 1").fetchone()
     # read again under the lock: another prune may have taken one meanwhile
@@ -211,7 +229,14 @@ def _one_batch(conn: Any, ids: list[str],
     ids = [event_id for event_id in ids
            if event_id in messages and (last is None or event_id != last[0])]
     if not ids:
-        return 0, [], 0
+        return 0, [], 0, []
+    locked = {row[0] for row in _rows(conn, "SELECT event_id FROM messages WHERE event_id "
+                                      + picked("SELECT event_id FROM messages "
+                                               "WHERE event_id IN ({})"), ids)}
+    held = [event_id for event_id in ids if event_id not in locked]
+    ids = [event_id for event_id in ids if event_id in locked]
+    if not ids:
+        return 0, [], 0, held
     effects = {row[0]: row[1:] for row in _rows(
         conn, "SELECT event_id, category, amount_cents FROM effects WHERE event_id IN ({})", ids)}
     records, refused, seqs = [], [], []
@@ -236,7 +261,7 @@ def _one_batch(conn: Any, ids: list[str],
         chunk = seqs[start:start + _CHUNK]
         conn.execute(f"DELETE FROM transitions WHERE seq IN ({', '.join('?' * len(chunk))})",
                      chunk)
-    return len(compacted), refused, len(seqs)
+    return len(compacted), refused, len(seqs), held
 
 
 @contextmanager

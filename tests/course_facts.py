@@ -319,7 +319,8 @@ CODE_LISTS = (
     # command line's refusals of arguments exit with 2)
     CodeList(ROOT / "README.md", "Operational errors exit with 1",
              lambda c: c.unusable | (c.cli - {"misplaced_option", "unknown_option",
-                                               "unknown_command", "unused_option"})
+                                               "unknown_command", "unused_option",
+                                               "invalid_db"})
              | {"integrity_violation"}),
 )
 

@@ -274,23 +274,24 @@ def test_bad_arguments_exit_2_without_a_traceback(scratch: Path, args: list[str]
     assert not (scratch / "queue.sqlite3").exists()
 
 
+COUNT = "expected a count of messages, a whole number from 1 to 1000000000000, got"
+SECONDS = "expected seconds, a whole number from {} to 1000000000000, got"
+
+
 @pytest.mark.parametrize("args, error", [
-    (["work", "--max", "-1"], "argument --max: expected a count of messages, 1 or more, got -1"),
-    (["work", "--batch-size", "-2"],
-     "argument --batch-size: expected a count of messages, 1 or more, got -2"),
-    (["work", "--max", "abc"],
-     "argument --max: expected a count of messages (a whole number, 1 or more), got 'abc'"),
-    (["work", "--batch-size", "x"],
-     "argument --batch-size: expected a count of messages (a whole number, 1 or more), got 'x'"),
-    (["work", "--max", "9" * 20],
-     f"argument --max: at most 1000000000000 messages, got {'9' * 20}"),
-    (["work", "--lease-seconds", "-1"], "argument --lease-seconds: time cannot be negative, "
-                                        "got -1"),
-    (["work", "--lease-seconds", "soon"], "argument --lease-seconds: expected integer seconds, "
-                                          "got 'soon'"),
-    (["--now", "-5", "status"], "argument --now: time cannot be negative, got -5"),
+    (["work", "--max", "-1"], f"invalid_count: argument --max: {COUNT} '-1'"),
+    (["work", "--batch-size", "-2"], f"invalid_count: argument --batch-size: {COUNT} '-2'"),
+    (["work", "--max", "abc"], f"invalid_count: argument --max: {COUNT} 'abc'"),
+    (["work", "--batch-size", "x"], f"invalid_count: argument --batch-size: {COUNT} 'x'"),
+    (["work", "--max", "9" * 20], f"invalid_count: argument --max: {COUNT} '{'9' * 20}'"),
+    (["work", "--lease-seconds", "-1"],
+     f"invalid_seconds: argument --lease-seconds: {SECONDS.format(1)} '-1'"),
+    (["work", "--lease-seconds", "soon"],
+     f"invalid_seconds: argument --lease-seconds: {SECONDS.format(1)} 'soon'"),
+    (["--now", "-5", "status"], f"invalid_seconds: argument --now: {SECONDS.format(0)} '-5'"),
     (["--db", "", "enqueue", "demo.jsonl"],
-     "argument --db: expected a file path or a postgresql:// connection string, got ''"),
+     "invalid_db: argument --db: expected a file path or a postgresql:// connection string, "
+     "got ''"),
 ], ids=["negative-max", "negative-batch", "word-max", "word-batch", "max-beyond-64-bit",
         "negative-lease", "word-lease", "negative-now", "empty-db"])
 def test_a_count_is_refused_as_a_count_and_a_time_as_a_time(
@@ -302,6 +303,58 @@ def test_a_count_is_refused_as_a_count_and_a_time_as_a_time(
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.splitlines()[-1].endswith(f" error: {error}")
     assert sorted(path.name for path in scratch.iterdir()) == before
+
+
+@pytest.mark.parametrize("option, code", [
+    (["prune", "--older-than"], "invalid_seconds"),
+    (["work", "--lease-seconds"], "invalid_seconds"),
+    (["work", "--max"], "invalid_count"), (["work", "--batch-size"], "invalid_count"),
+], ids=["older-than", "lease-seconds", "max", "batch-size"])
+@pytest.mark.parametrize("text", ["1_0", "\uff15", " 5", "5 ", "+3", "-0", "0x10", "\u0665"],
+                         ids=["underscore", "full-width", "leading-space", "trailing-space",
+                              "plus", "minus-zero", "hex", "arabic-indic"])
+def test_an_integer_option_takes_plain_ascii_digits_only(
+        scratch: Path, option: list[str], code: str, text: str) -> None:
+    run(scratch, "--now", "1000", "enqueue", "demo.jsonl")
+    before = {path.name: path.read_bytes() for path in scratch.iterdir()}
+
+    result = run(scratch, "--now", "2000", *option, text)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    said = (SECONDS.format(1 if option[1] == "--lease-seconds" else 0)
+            if code == "invalid_seconds" else COUNT)
+    assert result.stderr.splitlines()[-1].endswith(
+        f" error: {code}: argument {option[1]}: {said} {text!r}"), result.stderr
+    assert {path.name: path.read_bytes() for path in scratch.iterdir()} == before
+
+
+@pytest.mark.parametrize("args, error", [
+    (["prune"], "missing_option: the following arguments are required: --older-than"),
+    (["prune", "--older-than", "-1"], f"invalid_seconds: argument --older-than: "
+                                      f"{SECONDS.format(0)} '-1'"),
+    (["--now", "x", "status"], f"invalid_seconds: argument --now: {SECONDS.format(0)} 'x'"),
+    (["--now"], "missing_value: argument --now: expected one argument"),
+    (["--db", "queue.sqlite3", "--now"], "missing_value: argument --now: expected one argument"),
+    (["status", "extra"], "unexpected_argument: unrecognized arguments: extra"),
+    (["prune", "--older", "60"], "unknown_option: the command 'prune' has no option --older; "
+                                 "did you mean --older-than? as in: queue-core prune "
+                                 "--older-than 60"),
+    (["--no", "5", "status"], "unknown_option: queue-core has no option --no; did you mean "
+                              "--now? as in: queue-core --now 5 status"),
+], ids=["missing-older-than", "negative-older-than", "word-now", "now-without-value",
+        "last-now-without-value", "extra-argument", "abbreviated-older-than",
+        "abbreviated-now"])
+def test_every_argument_refusal_starts_with_a_stable_code_and_none_is_abbreviated(
+        scratch: Path, args: list[str], error: str) -> None:
+    run(scratch, "--now", "1000", "enqueue", "demo.jsonl")
+    before = {path.name: path.read_bytes() for path in scratch.iterdir()}
+
+    result = run(scratch, *args)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].endswith(f" error: {error}"), result.stderr
+    assert {path.name: path.read_bytes() for path in scratch.iterdir()} == before
 
 
 @pytest.mark.parametrize("make, command, code", [

@@ -122,13 +122,19 @@ def test_a_misspelt_option_is_refused_with_its_parsers_usage_and_the_closest_opt
     assert sorted(path.name for path in scratch.iterdir()) == before  # no database was made
 
 
-def test_an_abbreviated_option_is_still_taken_as_argparse_takes_it(scratch: Path) -> None:
+def test_an_abbreviated_option_is_refused_with_the_option_it_would_have_been(
+        scratch: Path) -> None:
     assert run(scratch, "--now", "1000", "enqueue", "demo.jsonl").returncode == 0
+    before = ledger(scratch / "queue.sqlite3")
 
-    result = run(scratch, "--no", "1000", "work", "--ma", "1", "--lease", "5")
+    result = run(scratch, "--now", "1000", "work", "--ma", "1", "--lease", "5")
 
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0] == "E0001 done (generation 1): book +10000"
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[-1] == (
+        "queue-core work: error: unknown_option: the command 'work' has no option --ma or "
+        "--lease; its options are --lease-seconds, --accept, --batch-size and --max, as "
+        "queue-core work --help shows")
+    assert ledger(scratch / "queue.sqlite3") == before == expect(total=0, effects=0, ready=4)
 
 
 def test_the_command_line_a_misspelt_option_suggests_runs(scratch: Path) -> None:
@@ -150,7 +156,8 @@ def test_an_extra_argument_of_a_command_is_refused_with_that_commands_usage(
     assert (result.returncode, result.stdout) == (2, "")
     lines = result.stderr.splitlines()
     assert lines[0].startswith("usage: queue-core enqueue [-h] FILE")
-    assert lines[-1] == "queue-core enqueue: error: unrecognized arguments: twenty.jsonl"
+    assert lines[-1] == ("queue-core enqueue: error: unexpected_argument: unrecognized "
+                         "arguments: twenty.jsonl")
     assert not (scratch / "queue.sqlite3").exists()
 
 

@@ -213,10 +213,12 @@ def test_prune_on_the_command_line_says_what_it_dropped_and_refuses_bad_input(
         db_path: Path) -> None:
     storied(str(db_path))
     before = file_bytes(db_path)
-    for bad, says in ((["prune"], "the following arguments are required: --older-than"),
-                      (["prune", "--older-than", "-5"], "time cannot be negative, got -5"),
-                      (["prune", "--older-than", "1.5"], "expected integer seconds, got '1.5'"),
-                      (["prune", "--older-than", "soon"], "expected integer seconds")):
+    seconds = "invalid_seconds: argument --older-than: expected seconds, a whole number"
+    for bad, says in ((["prune"], "missing_option: the following arguments are required: "
+                                  "--older-than"),
+                      (["prune", "--older-than", "-5"], f"{seconds} from 0 to "),
+                      (["prune", "--older-than", "1.5"], "got '1.5'"),
+                      (["prune", "--older-than", "soon"], f"{seconds} from 0 to ")):
         done = cli(db_path, "--now", "2000", *bad)
         assert done.returncode == 2 and says in done.stderr, (bad, done.stderr)
         assert "Traceback" not in done.stderr and file_bytes(db_path) == before
@@ -326,3 +328,39 @@ def test_free_pages_go_back_a_full_step_at_a_time_on_every_python(db_path: Path)
             raw.execute("PRAGMA page_count").fetchone()[0]) == (left, pages - (free - left))
     raw.close()
     assert queue.status().states["ready"] == 1 and audit.findings(db_path) == []
+
+
+def test_a_postgresql_prune_skips_a_row_another_session_holds_and_prunes_the_rest(
+        pg_dsn: str) -> None:
+    import psycopg
+
+    queue, clock, _ = storied(pg_dsn)
+    clock.set(2000)
+    with psycopg.connect(pg_dsn) as outside:  # its transaction stays open until rollback
+        outside.execute("SELECT event_id FROM messages WHERE event_id = 'E0002' FOR UPDATE")
+        pruned = queue.prune(100)
+        assert (pruned.messages, pruned.skipped, pruned.kept) == (2, ("E0002",), ())
+        outside.rollback()
+    assert pruned.lines() == [
+        "pruned 2 done messages finished at least 100 s before t=2000: their payloads and 8 "
+        "journal rows dropped, in 1 transaction; keys, digests, effects and one compacted "
+        "record each kept",
+        "skipped 1 that another transaction holds (E0002): a later prune takes it",
+        "the space freed is reused for new rows once (auto)vacuum has run"]
+    snap = audit.snapshot(queue.path)
+    assert snap.messages["E0002"].payload is not None and snap.status.pruned == 2
+    assert snap.money == 17000 and audit.check(snap) == []
+    assert queue.prune(100).messages == 1  # once released, the next prune takes it
+    assert audit.snapshot(queue.path).status.pruned == 3
+
+
+def test_a_postgresql_prune_speaks_of_a_sequence_and_vacuum_not_of_sqlites_file(
+        pg_dsn: str) -> None:
+    queue = Queue(pg_dsn, clock=ModelClock(1000))
+    queue.enqueue_jsonl(E0001)
+    drain(queue, Handler())
+    queue.clock.set(9000)  # type: ignore[attr-defined]
+    said = " ".join(queue.prune(60).lines())
+    assert "E0001 waits for a later prune" in said
+    for sqlite_only in ("file system", "pages", "journal number is ever used twice"):
+        assert sqlite_only not in said
