@@ -58,7 +58,6 @@ class Queue(Protocol):
 
     clock: Clock
     store: Store
-    schema_version: int
 
     def _require_current_schema(self) -> None: ...
     @property
