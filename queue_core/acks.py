@@ -7,18 +7,26 @@ connection, and the guarded UPDATE (``transitions.ACK``) re-checks the lease
 after the handler ran. ``Queue`` inherits these; the worker loop's
 ``complete_and_claim`` also claims the next due message before the commit.
 
+The payload a message is counted with is the payload it was enqueued with:
+its SHA-256 is kept from enqueue on (``payload_sha256``), and every ACK, in
+its own transaction and before the handler runs, checks that the stored
+payload still has it. A payload edited by hand is refused
+(``PayloadDiffers``, code ``payload_differs``): no effect is written, and the
+same transaction moves the message to ``dead`` with ``payload_differs`` as its
+reason, so that it is never counted and never silently ready again; a person
+repairs the payload and redrives it (``audit``'s ``digest_differs`` reports an
+edit made after ``done``, which no ACK can refuse).
+
 On PostgreSQL the worker loop's step is one call of a function of the schema
 (``postgres.STEP_FUNCTION``), one round trip per message: the handler
 computes the effect from the payload the claim read from the database and
 returned with the lease (``Lease.payload``), and the server writes it and
-marks the message ``done`` under the same guard, and only if the SHA-256 of
-the payload it stores is that of the payload the effect was computed from
-(else ``payload_differs``, and nothing is written). The effect is thus
-computed from the stored payload, read by the claim instead of by the ACK: a
-payload never changes (a correction is a new event id, notebook 01), and
-the server checks that it did not. A handler that writes more than its
-effect (one that overrides ``apply``) needs the transaction open while it
-runs, and gets the path above.
+marks the message ``done`` under the same guard, and only if that payload,
+and the payload stored now, are the one enqueued (their SHA-256 is
+``payload_sha256``); an edited stored payload is dead-lettered there as
+above, and a lease carrying another copy is refused with nothing written.
+A handler that writes more than its effect (one that overrides ``apply``)
+needs the transaction open while it runs, and gets the path above.
 """
 
 from __future__ import annotations
@@ -30,12 +38,12 @@ from typing import Any, Iterable, Sequence
 
 from .clock import Clock
 from .crashpoints import crash_point
-from .errors import IntegrityViolation, InvalidPayload, QueueError, TransientError
+from .errors import IntegrityViolation, InvalidPayload, PayloadDiffers, QueueError, TransientError
 from .handler import Handler
 from .ingest import payload_digest
 from .stores import Store
 from .transitions import ACK, FENCE_COLUMNS, FENCE_SELECT, check_fence, explain_miss
-from .values import Effect, Lease
+from .values import Effect, Lease, Outcome
 
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 # The crash points of the ACK's steps: the plain ACK's, and those of the ACK
@@ -65,6 +73,10 @@ class QueueAcks:
                journal: list[tuple[Any, ...]]) -> Sequence[tuple[Any, ...]]:
         raise NotImplementedError  # Queue's
 
+    def _fail(self, conn: Any, lease: Lease, code: str, permanent: bool,
+              journal: list[tuple[Any, ...]]) -> Outcome:
+        raise NotImplementedError  # Queue's
+
     def complete(self, lease: Lease, handler: Handler) -> Effect:
         """Write the effect and the ACK in ONE transaction, fenced by the lease.
 
@@ -74,17 +86,25 @@ class QueueAcks:
         re-checks the lease after the handler ran; commits. Raises
         ``LeaseLost`` (``stale_generation``, ``lease_expired``,
         ``not_leased``) or ``InvalidPayload``; either way the whole
-        transaction, INSERT included, is rolled back.
+        transaction, INSERT included, is rolled back. Raises
+        ``PayloadDiffers`` if the stored payload is not the one enqueued: no
+        effect, and the message committed as ``dead`` (``payload_differs``).
         """
         _require_lease(lease)
+        edited: PayloadDiffers | None = None
         with self.transaction() as conn:
             crash_point("complete.after_begin")
             journal: list[tuple[Any, ...]] = []
-            effect, _ = self._ack(conn, lease, self._fence_row(conn, lease), handler, journal,
-                                  _COMPLETE)
+            try:
+                effect, _ = self._ack(conn, lease, self._fence_row(conn, lease), handler,
+                                      journal, _COMPLETE)
+            except PayloadDiffers as refused:  # dead-lettered in this transaction: commit it
+                edited = refused
             self.store.write_journal(conn, journal)
             crash_point("complete.before_commit")
         crash_point("complete.after_commit")
+        if edited is not None:
+            raise edited
         return effect
 
     def complete_and_claim(self, lease: Lease, handler: Handler) -> tuple[Effect, Lease | None]:
@@ -107,14 +127,26 @@ class QueueAcks:
         _require_lease(lease)
         if self.store.fused_step and lease.payload is not None and _effect_only(handler):
             return self._step_on_server(lease, handler)
+        return self._complete_and_claim_here(lease, handler)
+
+    def _complete_and_claim_here(self, lease: Lease,
+                                 handler: Handler) -> tuple[Effect, Lease | None]:
+        """``complete_and_claim`` in the client's transaction. An edited payload
+        (``PayloadDiffers``) commits its dead-lettering and claims nothing."""
+        edited: PayloadDiffers | None = None
         with self.transaction() as conn:
             journal: list[tuple[Any, ...]] = []
-            effect, now = self._ack(conn, lease, self._fence_row(conn, lease), handler, journal,
-                                    _HANDOFF)
-            claimed = self._claim(conn, now, 1, journal)
+            try:
+                effect, now = self._ack(conn, lease, self._fence_row(conn, lease), handler,
+                                        journal, _HANDOFF)
+                claimed = self._claim(conn, now, 1, journal)
+            except PayloadDiffers as refused:  # dead-lettered in this transaction: commit it
+                edited = refused
             self.store.write_journal(conn, journal)
             crash_point("complete_and_claim.before_commit")
         crash_point("complete_and_claim.after_commit")
+        if edited is not None:
+            raise edited
         following = _leases(claimed)
         return effect, (following[0] if following else None)
 
@@ -122,9 +154,9 @@ class QueueAcks:
         """``complete_and_claim`` as one call of PostgreSQL's step function.
 
         The effect is computed from ``lease.payload``, the payload the claim
-        read from the database; the server refuses it unless that payload's
-        SHA-256 is the stored one (``payload_differs``: a lease whose payload
-        was changed after the claim). The call, its ``BEGIN`` and its
+        read from the database; the server refuses it unless that payload and
+        the stored one are the payload enqueued (``payload_differs``), and
+        dead-letters the message if the stored one is not. The call, its ``BEGIN`` and its
         ``COMMIT`` travel as one message (``PostgresStore.step``), so no
         transaction is ever left open between two of the worker's messages.
         Crash points: those inside the server's function cannot exist;
@@ -142,7 +174,10 @@ class QueueAcks:
                 # The lease is judged first, as complete's fence judges it: an
                 # attempt no longer this lease's is not this worker's to fail;
                 # nor is a payload that is not the stored one this message's.
-                stored = check_fence(lease, self._fence_row(conn, lease), self.clock.now())
+                row = self._fence_row(conn, lease)
+                stored = check_fence(lease, row, self.clock.now())
+                if payload_digest(stored) != bytes(row[4]):  # edited: the client's ACK
+                    return self._complete_and_claim_here(lease, handler)  # dead-letters it
                 if stored != lease.payload:
                     raise _payload_differs(lease) from None
                 raise
@@ -183,6 +218,8 @@ class QueueAcks:
                 conn.execute("SAVEPOINT ack")
                 try:
                     results.append(self._ack(conn, lease, row, handler, journal, _COMPLETE)[0])
+                except PayloadDiffers as exc:  # dead-lettered: kept, and committed with the rest
+                    results.append(exc)
                 except QueueError as exc:  # a refused ACK added no journal row
                     conn.execute("ROLLBACK TO ack")
                     results.append(exc)
@@ -202,8 +239,18 @@ class QueueAcks:
         """Fence with the stored ``row``, apply, then mark ``done`` with the
         guarded UPDATE (``transitions.ACK``), which re-checks the lease after
         the handler ran. Return the effect and the time of that check.
-        ``points`` names the crash points on the way."""
+        ``points`` names the crash points on the way.
+
+        A stored payload that is not the one enqueued (its SHA-256 is not the
+        digest kept, ``payload_sha256``) is refused before the handler runs:
+        the message is moved to ``dead`` in this transaction, as a permanent
+        failure (``payload_differs``), and ``PayloadDiffers`` raised for the
+        caller to commit that and report it."""
         payload = check_fence(lease, row, self.clock.now())
+        assert row is not None  # check_fence raised otherwise
+        if payload_digest(payload) != bytes(row[4]):
+            self._fail(conn, lease, PayloadDiffers.code, True, journal)
+            raise _payload_edited(lease)
         try:
             effect = handler.apply(conn, lease.event_id, json.loads(payload))
         except self.store.integrity_errors as exc:
@@ -241,10 +288,17 @@ def _leases(rows: Iterable[tuple[Any, ...]]) -> list[Lease]:
     return [Lease(row[0], row[3], row[4], row[6], row[8]) for row in rows]
 
 
-def _payload_differs(lease: Lease) -> IntegrityViolation:
-    return IntegrityViolation(f"{lease.event_id}: the payload this lease carries is not the "
-                              "stored one (their SHA-256 differ); nothing was written",
-                              code="payload_differs")
+def _payload_differs(lease: Lease) -> PayloadDiffers:
+    return PayloadDiffers(f"{lease.event_id}: the payload this lease carries is not the "
+                          "stored one (their SHA-256 differ); nothing was written",
+                          dead_lettered=False)
+
+
+def _payload_edited(lease: Lease) -> PayloadDiffers:
+    return PayloadDiffers(f"{lease.event_id}: the stored payload is not the one it was enqueued "
+                          "with (its SHA-256 is not the digest kept since): no effect was "
+                          "written, and the message is dead (payload_differs); restore its "
+                          "payload, then redrive it", dead_lettered=True)
 
 
 def _effect_only(handler: Handler) -> bool:
@@ -260,6 +314,8 @@ def _stepped(lease: Lease, rows: list[tuple[Any, ...]]) -> Lease | None:
         return next((Lease(row[1], row[2], row[3], row[4], row[6]) for row in rows[1:]), None)
     stored = None if kind is None else (rows[0][5], rows[0][2], rows[0][4], "")
     at = rows[0][7] if rows else 0
+    if kind == "payload_edited":  # the step moved the message to dead, and committed
+        raise _payload_edited(lease)
     check_fence(lease, stored, at)  # raises LeaseLost or UnknownEvent if the lease is lost
     if kind == "payload_differs":
         raise _payload_differs(lease)

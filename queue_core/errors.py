@@ -93,13 +93,33 @@ class TransientError(QueueError):
 
 
 class IntegrityViolation(QueueError):
-    """A constraint of the schema refused a write (a second line of defence).
-
-    With code ``payload_differs``: PostgreSQL's worker step refused an effect
-    computed from a payload that is not the stored one.
-    """
+    """A constraint of the schema refused a write (a second line of defence)."""
 
     code = "integrity_violation"
+
+
+class PayloadDiffers(IntegrityViolation):
+    """An ACK refused because a payload is not the one the message was enqueued with.
+
+    The payload a message is counted with is the payload it was enqueued
+    with; its SHA-256 is kept from enqueue on (``payload_sha256``), and every
+    ACK checks it in its own transaction. Two cases, one code:
+
+    - the stored payload was edited (by hand, after enqueue): the message
+      itself can no longer be counted. The ACK writes no effect and, in the
+      same transaction, moves the message to ``dead`` with
+      ``payload_differs`` as its reason (``dead_lettered`` is true), so that
+      a person looks at it and redrives it once the payload is repaired;
+    - the lease carries a payload that is not the stored one (a caller's
+      copy, changed after the claim): nothing is written, the message is
+      untouched and the lease still holds (``dead_lettered`` is false).
+    """
+
+    code = "payload_differs"
+
+    def __init__(self, message: str, *, dead_lettered: bool) -> None:
+        super().__init__(message)
+        self.dead_lettered = dead_lettered
 
 
 class UnusableFile(QueueError):

@@ -2,10 +2,11 @@
 
 A queue's schema version is ``PRAGMA user_version`` in a SQLite file, the
 ``schema_version`` of ``queue_core_meta`` on PostgreSQL. Each store counts
-its own (``storage.SCHEMA_VERSION``, 2; ``postgres.SCHEMA_VERSION``, 3): the
-first two mean the same tables on both, and version 3 adds PostgreSQL's
-worker step as a function of the schema, which a SQLite file has no use for
-and is not rewritten for. Each store lists its steps (``storage.SQLITE_STEPS``,
+its own (``storage.SCHEMA_VERSION``, 2; ``postgres.SCHEMA_VERSION``, 4): the
+first two mean the same tables on both; version 3 adds PostgreSQL's worker
+step as a function of the schema, which a SQLite file has no use for and is
+not rewritten for, and version 4 makes that function hold the payload to the
+digest kept from enqueue on, as the client's ACK does in Python. Each store lists its steps (``storage.SQLITE_STEPS``,
 ``postgres.POSTGRES_STEPS``), one per version, and runs each in ONE
 transaction that reads the version again inside it:
 

@@ -117,9 +117,10 @@ REDRIVE = ("UPDATE messages SET state = 'ready', attempts = 0, available_at = ? 
            "RETURNING event_id, 'dead' AS from_state, 'ready' AS to_state, generation, "
            "attempts, 'redrive' AS reason")
 
-# What the fence reads: before the ACK's handler (it needs the payload), and
+# What the fence reads: before the ACK's handler (it needs the payload, and the
+# digest kept from enqueue on, which the stored payload must still have), and
 # after a guarded UPDATE that matched nothing (only to say why).
-FENCE_COLUMNS = "state, generation, lease_until, payload"
+FENCE_COLUMNS = "state, generation, lease_until, payload, payload_sha256"
 FENCE_SELECT = f"SELECT {FENCE_COLUMNS} FROM messages WHERE event_id = ?"
 
 
@@ -139,7 +140,7 @@ def check_fence(lease: Lease, row: tuple[Any, ...] | None, now: int) -> str:
     """
     if row is None:
         raise UnknownEvent(f"no message {lease.event_id}")
-    state, generation, lease_until, payload = row
+    state, generation, lease_until, payload = row[:4]
     if generation != lease.generation:
         raise LeaseLost("stale_generation",
                         f"{lease.event_id}: lease generation {lease.generation}, "

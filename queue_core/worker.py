@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import (InvalidPayload, LeaseLost, LockTimeout, QueueError, TransientError,
-                     UnknownEvent)
+from .errors import (InvalidPayload, LeaseLost, LockTimeout, PayloadDiffers, QueueError,
+                     TransientError, UnknownEvent)
 from .handler import Handler
 from .queue import Queue
 from .values import Effect, Lease, Outcome
@@ -24,10 +24,14 @@ def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
     A lost lease is reported as ``lost``, never retried by this worker; so is
     an ACK that waited past PostgreSQL's lock timeout for its message's row
     (the outcome's code says lock_timeout): another transaction is changing
-    that message, and it, or the lease's expiry, settles it.
+    that message, and it, or the lease's expiry, settles it. A stored
+    payload edited since enqueue is reported ``dead`` (the outcome's code says
+    payload_differs): the ACK itself moved it there.
     """
     try:
         effect = queue.complete(lease, handler)
+    except PayloadDiffers as exc:
+        return _edited(lease, exc)
     except InvalidPayload as exc:
         return _fail(queue, lease, exc, permanent=True)
     except TransientError as exc:
@@ -35,6 +39,14 @@ def finish(queue: Queue, lease: Lease, handler: Handler) -> Outcome:
     except (LeaseLost, LockTimeout) as exc:
         return Outcome(lease.event_id, "lost", lease.generation, exc.code, detail=exc.message)
     return Outcome(lease.event_id, "done", lease.generation, effect=effect)
+
+
+def _edited(lease: Lease, exc: PayloadDiffers) -> Outcome:
+    """The outcome of an ACK refused for an edited payload, which the ACK dead-lettered;
+    a lease carrying a copy of its own (not the worker's) is the caller's error."""
+    if not exc.dead_lettered:
+        raise exc
+    return Outcome(lease.event_id, "dead", lease.generation, exc.code, detail=exc.message)
 
 
 def _fail(queue: Queue, lease: Lease, exc: InvalidPayload | TransientError, *,
@@ -67,6 +79,8 @@ def _ack_and_claim(queue: Queue, lease: Lease,
     claimed, and whether the ACK was refused (then nothing was claimed)."""
     try:
         effect, following = queue.complete_and_claim(lease, handler)
+    except PayloadDiffers as exc:
+        return _edited(lease, exc), None, True
     except InvalidPayload as exc:
         return _fail(queue, lease, exc, permanent=True), None, True
     except TransientError as exc:
@@ -265,6 +279,8 @@ def _report_quietly(report: Callable[[Outcome], None], outcomes: list[Outcome]) 
 def _settle(queue: Queue, lease: Lease, result: Effect | QueueError) -> Outcome | None:
     if isinstance(result, Effect):
         return _done(lease, result)
+    if isinstance(result, PayloadDiffers) and result.dead_lettered:
+        return _edited(lease, result)
     if isinstance(result, InvalidPayload | TransientError):
         return _fail(queue, lease, result, permanent=isinstance(result, InvalidPayload))
     if isinstance(result, LeaseLost):
@@ -278,7 +294,8 @@ def _settle_quietly(queue: Queue, lease: Lease, result: Effect | QueueError,
     try:
         if isinstance(result, InvalidPayload | TransientError):
             queue.fail(lease, result.code, permanent=isinstance(result, InvalidPayload))
-        elif not isinstance(result, Effect | LeaseLost):
+        elif not (isinstance(result, Effect | LeaseLost)
+                  or isinstance(result, PayloadDiffers) and result.dead_lettered):
             _give_back(queue, lease, notify, quietly=True)
     except Exception:  # noqa: BLE001 - the exception that ends the loop is the one to see
         pass

@@ -19,18 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from queue_core.lab.lifetime.earlier import (ENGINES, SCHEMA2_ENGINE, NoHistory, earlier_cli,
-                                            export_engine, run_earlier)
+from queue_core.lab.lifetime.earlier import (ENGINES, SCHEMA2_ENGINE, SCHEMA3_ENGINE, NoHistory,
+                                            earlier_cli, export_engine, run_earlier)
 
-__all__ = ["ENGINES", "SCHEMA2_ENGINE", "cli", "export", "has_history", "require_history", "run"]
+__all__ = ["ENGINES", "SCHEMA2_ENGINE", "SCHEMA3_ENGINE", "cli", "export", "has_history",
+           "require_history", "run"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def has_history() -> bool:
-    """Whether this checkout holds the commits of ``ENGINES`` and ``SCHEMA2_ENGINE``."""
+    """Whether this checkout holds the commits of ``ENGINES`` and the schema engines."""
     try:
-        for commit in (*ENGINES, SCHEMA2_ENGINE):
+        for commit in (*ENGINES, SCHEMA2_ENGINE, SCHEMA3_ENGINE):
             subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"],
                            check=True, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -42,8 +43,8 @@ def require_history() -> None:
     """Skip (or, under CI, fail) a test that needs an earlier engine from git history."""
     if has_history():
         return
-    why = (f"the earlier engines ({', '.join((*ENGINES, SCHEMA2_ENGINE))}) come from git "
-           "history, and "
+    why = (f"the earlier engines ({', '.join((*ENGINES, SCHEMA2_ENGINE, SCHEMA3_ENGINE))}) "
+           "come from git history, and "
            f"{ROOT} is not a git checkout that holds them (a source archive?)")
     if os.environ.get("CI"):
         pytest.fail(why)

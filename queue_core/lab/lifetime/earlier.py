@@ -27,6 +27,9 @@ PREVIOUS = "265c64c"
 # The last release before PostgreSQL's schema 3 (the worker's step as a function):
 # it writes schema 2 on both stores, and SQLite's schema 2 is still this engine's.
 SCHEMA2_ENGINE = "5e07019"
+# The last release before PostgreSQL's schema 4 (the step holds the payload to the
+# digest kept from enqueue on): it writes PostgreSQL's schema 3, SQLite's 2.
+SCHEMA3_ENGINE = "275fe7a"
 
 # One state of every kind, written by the earlier engine on a model clock:
 # E0001 and E0003 done (E0003 at generation 2), E0002 dead, E0004 leased until

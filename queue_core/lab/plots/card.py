@@ -14,7 +14,6 @@ card behind. The rejection codes of a batch are read from the table in
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import re
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ COLUMNS = ("Call", "Transaction", "Checks", "Changes", ERRORS_HEADER)
 LOST = ("LeaseLost", ("stale_generation", "lease_expired", "not_leased"))
 UNKNOWN = ("UnknownEvent", ("unknown_event",))
 INTEGRITY = ("IntegrityViolation", ("integrity_violation",))  # a schema constraint refused
+# the stored payload is not the one enqueued: no effect, the message committed dead
+EDITED = ("PayloadDiffers", ("payload_differs",))
 # A server that cannot be reached; a session that ended under a call (its outcome
 # unknown); a lock waited for past the session's lock_timeout (rolled back).
 PG_ONLY = (("UnusableFile", ("cannot_connect",)), ("ConnectionLost", ("connection_lost",)),
@@ -61,7 +62,7 @@ def _ack(changes: str, note: str) -> Row:
                "state `leased`, the same `generation`, `lease_until > now`; again after the "
                "handler ran, as the guard of the `done` UPDATE", changes,
                (LOST, ("InvalidPayload", ("invalid_payload",)),
-                ("TransientError", ("transient_error",)), UNKNOWN, INTEGRITY), note)
+                ("TransientError", ("transient_error",)), UNKNOWN, INTEGRITY, EDITED), note)
 
 
 def _fenced(transaction: str, changes: str, note: str = "") -> Row:
@@ -75,7 +76,8 @@ def _read(what: str, note: str = "") -> Row:
 
 # The helpers turn the lease's refusals and the handler's into outcomes; the rest they raise.
 HELPER_ERRORS = (UNKNOWN, INTEGRITY)
-HELPER_NOTE = "a lost lease, an invalid payload or a transient error is an `Outcome`, not raised"
+HELPER_NOTE = ("a lost lease, an invalid payload, a transient error or an edited payload "
+               "(`dead`, `payload_differs`) is an `Outcome`, not raised")
 
 ROWS: dict[str, Row] = {
     "__init__": Row(
@@ -107,16 +109,16 @@ ROWS: dict[str, Row] = {
                        "as `claim`, for each", (),
                        "none: `[]` when nothing is due; `ValueError` for a `limit` below 1"),
     "complete": _ack("INSERT the effect; `leased → done`",
-                     "all roll the whole transaction back, INSERT included"),
-    "complete_and_claim": dataclasses.replace(_ack(
+                     "all roll the whole transaction back, INSERT included, but "
+                     "`payload_differs` (the stored payload is not the one enqueued), which "
+                     "commits the message `dead` with that reason and no effect"),
+    "complete_and_claim": _ack(
         "as `complete`, then claims the next due message as `claim` does, in the SAME "
         "transaction (one commit, one fsync per message); returns `(effect, next lease or None)`",
         "as `complete`: a refused ACK claims nothing. On PostgreSQL it is one call of the "
         "schema's step function (one round trip): the effect comes from the payload the claim "
-        "returned, and `payload_differs` refuses one that is not the stored payload"),
-        errors=(LOST, ("InvalidPayload", ("invalid_payload",)),
-                ("TransientError", ("transient_error",)), UNKNOWN,
-                ("IntegrityViolation", ("integrity_violation", "payload_differs")))),
+        "returned, which must be the one enqueued; a lease carrying another copy is refused "
+        "with `payload_differs` and nothing written"),
     "complete_batch": Row(
         "one write, a savepoint per lease", "as `complete`, per lease",
         "as `complete`, for each lease that passes", (),
