@@ -614,6 +614,19 @@ def inspect(path: str | os.PathLike[str]) -> str:
             raise no_such_version(name, version)
         if version > SCHEMA_VERSION:
             raise too_new(name, version)
+        if os.path.exists(f"{name}-journal"):  # perhaps hot: read once it is rolled back
+            return "queue"
+        try:
+            tables = _tables(name)
+        except UnicodeDecodeError:
+            raise damaged(name) from None
+        except sqlite3.DatabaseError as exc:
+            raise UnusableFile("not_a_database", f"{name} is damaged: SQLite cannot read its "
+                               f"tables ({exc})") from None
+        if "messages" not in tables:  # the mark set by hand, or by another program
+            raise UnusableFile("not_a_queue", f"{name} carries the queue's mark (application_id "
+                               f"and schema version {version}) but holds no queue "
+                               f"({_listed(tables)}); the queue writes only to its own files")
         return "queue"
     if _is_empty_database(name):
         return "new"
@@ -639,8 +652,19 @@ def _identity(name: str, header: bytes | None = None) -> tuple[int, int]:
     the identity is read through SQLite (``mode=ro``, using the ``-wal``
     and ``-shm`` already there, as ``read`` does), and the size is not
     compared, since the pages the main file lacks are in the ``-wal``.
+
+    Only for a main file that carries the queue's application id, though:
+    a queue file gets its mark in the main file when it is created, before
+    it is switched to WAL, and keeps it, so a main file without the mark
+    was never a queue. Its ``-wal`` is another application's, and SQLite,
+    which writes to a ``-shm`` as it reads (and creates a missing one), is
+    not let near it.
     """
-    if _wal_holds_frames(name):
+    if header is None:
+        with open(name, "rb") as file:
+            header = file.read(100)
+    marked = int.from_bytes(header[68:72], "big") == APPLICATION_ID
+    if marked and _wal_holds_frames(name):
         try:
             conn = _connect_ro(Path(name).resolve().as_posix())
             try:
@@ -653,9 +677,6 @@ def _identity(name: str, header: bytes | None = None) -> tuple[int, int]:
             raise damaged(name) from None
         except sqlite3.DatabaseError as exc:
             raise UnusableFile("not_a_database", f"{name}: {exc}") from exc
-    if header is None:
-        with open(name, "rb") as file:
-            header = file.read(100)
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(header[28:32], "big")
@@ -696,18 +717,39 @@ def _is_empty_database(name: str) -> bool:
 
 
 def _table_names(name: str) -> str:
+    """The tables of another application's file, read from the main file alone
+    (``immutable=1``, nothing opened beside it), and whether its ``-wal`` holds
+    commits that were not read (see ``_identity``)."""
+    unread = (", and commits in its -wal that the queue leaves unread"
+              if _wal_holds_frames(name) else "")
     try:
-        # Through the -wal where it holds frames: a WAL file's tables may exist only there.
-        conn = (_connect_ro(Path(name).resolve().as_posix()) if _wal_holds_frames(name)
-                else _connect_immutable(name))
+        conn = _connect_immutable(name)
         try:
-            names = [row[0] for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 6")]
+            tables = [row[0] for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
         finally:
             conn.close()
-    except sqlite3.DatabaseError:
-        return "unreadable tables"
-    return "tables " + ", ".join(names) if names else "no tables"
+    except (sqlite3.DatabaseError, UnicodeDecodeError):
+        return "unreadable tables" + unread
+    if not tables and unread:
+        return "no tables in the file itself" + unread
+    return _listed(tables) + unread
+
+
+def _tables(name: str) -> list[str]:
+    """The names of a queue file's tables as its last commit left them, read-only."""
+    # Through the -wal where it holds frames: a WAL file's tables may exist only there.
+    conn = (_connect_ro(Path(name).resolve().as_posix()) if _wal_holds_frames(name)
+            else _connect_immutable(name))
+    try:
+        return [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    finally:
+        conn.close()
+
+
+def _listed(tables: list[str]) -> str:
+    return "tables " + ", ".join(tables[:6]) if tables else "no tables"
 
 
 def _connect_immutable(name: str) -> sqlite3.Connection:

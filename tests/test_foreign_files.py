@@ -65,6 +65,28 @@ def wal_mode_app(path: Path) -> None:
                 "INSERT INTO notes VALUES ('kept')")
 
 
+def our_mark_on_other_tables(path: Path) -> None:
+    sqlite_file(path, f"PRAGMA application_id = {APPLICATION_ID}", "PRAGMA user_version = 1",
+                "CREATE TABLE notes (body TEXT)")
+
+
+def tables_only_in_the_wal(path: Path) -> None:
+    """A WAL file whose tables are committed to its -wal only: the file and its
+    -wal copied while its writer still has it open (no -shm: none may appear)."""
+    source = path.with_name("running.sqlite3")
+    conn = sqlite3.connect(source)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.commit()
+        for suffix in ("", "-wal"):
+            Path(f"{path}{suffix}").write_bytes(Path(f"{source}{suffix}").read_bytes())
+    finally:
+        conn.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{source}{suffix}").unlink(missing_ok=True)
+
+
 def future_schema(path: Path) -> None:
     Queue(path, clock=ModelClock(1000)).enqueue_jsonl(DATA.joinpath("demo.jsonl").read_text())
     sqlite_file(path, f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
@@ -85,6 +107,8 @@ FILES: dict[str, tuple[Callable[[Path], None], str]] = {
     "look-alike-messages": (look_alike_messages, "not_a_queue"),
     "only-unrelated-tables": (unrelated_tables, "not_a_queue"),
     "another-app-in-wal-mode": (wal_mode_app, "not_a_queue"),
+    "the-queues-mark-on-other-tables": (our_mark_on_other_tables, "not_a_queue"),
+    "another-app-only-in-its-wal": (tables_only_in_the_wal, "not_a_queue"),
     "future-schema-version": (future_schema, "schema_too_new"),
     "random-bytes": (random_bytes, "not_a_database"),
     "truncated-queue-file": (truncated_queue, "not_a_database"),
@@ -122,6 +146,32 @@ def test_the_refusal_names_what_it_found(tmp_path: Path) -> None:
 
     assert refused.value.code == "not_a_queue"
     assert "tables customers, orders" in str(refused.value)
+
+
+def test_a_file_with_the_queues_mark_and_no_queue_says_so(tmp_path: Path) -> None:
+    db = tmp_path / "app.sqlite3"
+    our_mark_on_other_tables(db)
+
+    with pytest.raises(UnusableFile) as refused:
+        Queue(db)
+
+    assert refused.value.code == "not_a_queue"
+    assert "carries the queue's mark" in str(refused.value)
+    assert "holds no queue (tables notes)" in str(refused.value)
+
+
+def test_tables_that_exist_only_in_the_wal_are_not_called_none_and_not_read(tmp_path: Path) -> None:
+    db = tmp_path / "app.sqlite3"
+    tables_only_in_the_wal(db)
+    assert Path(f"{db}-wal").stat().st_size > 0
+
+    with pytest.raises(UnusableFile) as refused:
+        Queue(db)
+
+    assert refused.value.code == "not_a_queue"
+    assert ("(application_id 0: no tables in the file itself, and commits in its -wal that "
+            "the queue leaves unread)") in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.sqlite3", "app.sqlite3-wal"]
 
 
 @pytest.mark.parametrize("command", ["status", "metrics"])
@@ -204,12 +254,11 @@ def test_the_api_refuses_an_overwritten_schema_with_a_code_not_a_decoding_error(
         tmp_path: Path) -> None:
     db = tmp_path / "queue.sqlite3"
     overwritten_schema(db)
-    queue = Queue(db, clock=ModelClock(1000))
 
-    for call in (queue.status, queue.metrics, queue.claim):
-        with pytest.raises(UnusableFile) as refused:
-            call()
-        assert refused.value.code == "not_a_database" and "is damaged" in str(refused.value)
+    # refused when it is opened: the check that it holds a queue reads the schema
+    with pytest.raises(UnusableFile) as refused:
+        Queue(db, clock=ModelClock(1000))
+    assert refused.value.code == "not_a_database" and "is damaged" in str(refused.value)
 
 
 def overwritten_page(path: Path) -> None:
