@@ -198,7 +198,7 @@ def test_exercise_7_a_second_run_on_a_used_start_is_refused_and_changes_nothing(
     assert exercises.check_7(queue, first).status == SOLVED  # the first run still holds
 
 
-def test_exercise_7_a_step_that_writes_the_rows_by_hand_is_found_by_the_audit(
+def test_exercise_7_a_step_that_writes_the_rows_by_hand_is_found_by_the_witness_and_the_audit(
         tmp_path: Path, capsys) -> None:
     def by_hand(queue: Queue, line: str) -> None:
         event = json.loads(line)
@@ -215,7 +215,12 @@ def test_exercise_7_a_step_that_writes_the_rows_by_hand_is_found_by_the_audit(
     assert figures(queue.path) == (17000, 3, {"done": 3}, 0)  # every figure right
     verdict = exercises.check_7(queue, run)
     assert verdict.status == NOT_QUITE
-    assert "the audit found journal_disagrees: E0001" in one_verdict(capsys, verdict)
+    text = one_verdict(capsys, verdict)
+    assert text.startswith(
+        "Not quite: a hand edit: q7's file was changed by SQL of your own, run inside "
+        "`q7.transaction()` (it changed the tables effects, messages): a transaction you open "
+        "yourself is not one of the package's calls, though it runs on q7; the audit also "
+        "found journal_disagrees: E0001"), text
 
 
 def test_exercise_7_a_run_on_another_file_is_not_quite(tmp_path: Path, capsys) -> None:
