@@ -115,6 +115,39 @@ def test_exercise_7_the_answer_key_itself_or_called_is_not_quite(tmp_path: Path,
         assert "the answer key" in one_verdict(capsys, verdict)
 
 
+def copied_answer_key(keep_docstring: bool) -> Any:
+    """The course's inbox step, copied with ``inspect.getsource`` and run again with
+    ``exec`` in a namespace of the learner's (its docstring kept, or cut out)."""
+    import inspect
+
+    source = inspect.getsource(answer_key)
+    if not keep_docstring:
+        head, _, rest = source.partition('"""')
+        source = head.rstrip() + "\n" + rest.split('"""', 1)[1].lstrip("\n")
+    namespace: dict[str, Any] = {"Handler": Handler, "drain": drain, "Queue": Queue}
+    exec(source, namespace)  # noqa: S102 - the learner's route under test
+    return namespace["inbox_step"]
+
+
+@pytest.mark.parametrize("keep_docstring", [True, False], ids=["as-printed", "docstring-cut"])
+def test_exercise_7_the_answer_key_copied_with_getsource_and_exec_is_refused(
+        tmp_path: Path, capsys, keep_docstring: bool) -> None:
+    step = copied_answer_key(keep_docstring)
+    assert step is not answer_key and step.__code__.co_filename == "<string>"
+    queue, run = takeover(tmp_path, step)
+    assert figures(queue.path) == (17000, 3, {"done": 3}, 0)  # right figures, wrong route
+    capsys.readouterr()
+
+    verdict = exercises.check_7(queue, run)
+
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: your step is a copy of the course's own inbox step, the answer key (the "
+        "same code as queue_core.lab.broker's inbox_step, run again with exec): a copy of the "
+        "key is the key. Next: write the step yourself, in your own words (Hints 1 to 3 in "
+        "EXERCISES.md)")
+
+
 def test_exercise_7_a_ledger_that_checks_for_repeats_has_the_right_total_and_the_wrong_state(
         tmp_path: Path, capsys) -> None:
     def deduped_ledger(queue: Queue, line: str) -> None:
