@@ -649,6 +649,36 @@ ROUTES += [
 ]
 
 
+class Doubling(Handler):
+    """A handler of the learner's own: twice the payload's amount."""
+
+    def effect_of(self, payload: Any) -> Any:
+        effect = super().effect_of(payload)
+        return type(effect)(effect.category, 2 * effect.amount_cents)
+
+
+def test_exercise_1_a_handler_subclass_is_named_as_such_not_as_sql_of_ones_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = caught(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    queue.enqueue_jsonl(E0005_1000)
+    drain(queue, Doubling())  # 1000 written as 2000: the right total, the wrong effect
+    assert figures(queue.path) == (19000, 4, {"done": 4, "dead": 1})
+    capsys.readouterr()
+
+    verdict = exercises.check_1(queue, refusal)
+
+    assert capsys.readouterr().out.splitlines() == [verdict.text]
+    assert verdict.text == (
+        "Not quite: the audit found effect_differs: E0005: effect pen 2000, payload says pen "
+        "1000: every change came through q1's calls, and they ran a handler of your own "
+        "(Doubling, not the course's Handler), whose effects are not what their payloads say; "
+        "E0005 brings 1000, the difference is 2000. Next: run `start_1` again and process with "
+        "the course's Handler (`Handler()`, or `Handler().supporting(...)`): an effect is what "
+        "its payload says")
+    assert "SQL of your own" not in verdict.text and "hand edit" not in verdict.text
+
+
 def test_exercise_2_a_conflicting_batch_of_ones_own_is_refused_saying_what_was_checked(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     queue, refusal, why = two_with(tmp_path, batch=OWN_CONFLICT)

@@ -368,3 +368,12 @@ def own_sql(entries: list[dict[str, Any]], exercise: int) -> list[str]:
     allowed = OWN_TABLES.get(exercise, frozenset())
     return sorted({table for entry in entries if entry["kind"] == "sql"
                    for table in entry.get("tables", ()) if table not in allowed})
+
+
+def handlers_used(path: str | os.PathLike[str]) -> list[str]:
+    """The names of the handlers of the caller's own that the signed calls on the file
+    at ``path`` ran (in the order first used): none for the course's ``Handler``."""
+    witness = _STARTED.get(_key(path))
+    entries = witness.entries() or [] if witness is not None else []
+    return list(dict.fromkeys(entry["handler"] for entry in entries
+                              if entry.get("kind") == "call" and "handler" in entry))

@@ -21,7 +21,7 @@ from ...audit import Snapshot, check, snapshot
 from ...errors import QueueError, UnusableFile
 from ...queue import Queue
 from ...storage import inspect
-from .provenance import provenance
+from .provenance import handlers_used, provenance
 from .setup import STARTS
 
 SOLVED, NOT_QUITE, NOT_ATTEMPTED = "solved", "not_quite", "not_attempted"
@@ -244,6 +244,9 @@ def bypassed(world: Snapshot, found: Findings, queue: Any, *,
     with SQL of one's own, even in the engine's exact shape), and the invariants it
     broke (an edited effect, an effect written without a worker, a state the
     journal never recorded). A right total reached that way is not a solution.
+    Where the witness finds only the package's calls, the audit's findings are
+    said as what they are: the calls' own doing, with a handler of the learner's
+    own named when they ran one (an effect its payload does not say).
     ``audit=False`` where the exercise's own runner breaks invariants on purpose;
     ``first=False`` where the check has named the same writes already, with their
     reason and next step."""
@@ -257,9 +260,20 @@ def bypassed(world: Snapshot, found: Findings, queue: Any, *,
                                                  if audited else "")
         found.add(what, refused.next_step, first=first)
         return
-    found.add(f"a hand edit: the audit found {audited} (a change made around the protocol, with "
-              "SQL of your own)", f"run `start_{found.number}` again and change the queue only "
-              "through its calls", first=True)
+    mine = f"q{found.number}"
+    own = handlers_used(path_of(queue))
+    if own:  # no SQL of one's own: what the calls were given made those rows
+        differs = any(f.name == "effect_differs" for f in problems)
+        found.add(f"the audit found {audited}: every change came through {mine}'s calls, and "
+                  f"they ran a handler of your own ({', '.join(own)}, not the course's Handler)"
+                  + (", whose effects are not what their payloads say" if differs else ""),
+                  f"run `start_{found.number}` "
+                  "again and process with the course's Handler (`Handler()`, or "
+                  "`Handler().supporting(...)`): an effect is what its payload says", first=True)
+        return
+    found.add(f"the audit found {audited}, though every change came through {mine}'s calls",
+              f"run `start_{found.number}` again and change the queue only through its calls",
+              first=True)
 
 
 def nudge(world: Snapshot, found: Findings, worker: str) -> None:
