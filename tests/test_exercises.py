@@ -130,6 +130,24 @@ def test_exercise_3_support_first_then_redrive_is_solved(tmp_path: Path) -> None
     assert figures(queue.path) == (20000, 4, {"done": 4})
 
 
+
+def test_exercise_3_a_fixed_handler_without_a_redrive_is_not_quite_and_says_to_redrive(
+        tmp_path: Path, capsys) -> None:
+    queue = exercises.start_3(tmp_path)
+    newer_handler = Handler().supporting("toy")
+    assert drain(queue, newer_handler) == []  # nothing due: E0004 is dead
+    capsys.readouterr()
+
+    verdict = exercises.check_3(queue)
+
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: a worker ran on q3 and found nothing to claim: E0004 is still dead, not "
+        "redriven, and no worker takes a dead message, whatever its handler knows: a fixed "
+        "handler alone does not bring E0004 back. Next: keep your handler that knows toy and "
+        "redrive E0004 first: `q3.redrive(\"E0004\")`, then `drain(q3, newer_handler)`")
+    assert exercises.check_3(exercises.start_3(tmp_path)).status == NOT_ATTEMPTED  # a new start
+
 # -- exercise 4 ---------------------------------------------------------------------
 
 Refusal = tuple[Lease, Exception]

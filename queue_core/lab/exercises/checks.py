@@ -13,8 +13,9 @@ from ...audit import Snapshot
 from ...ingest import Batch, read_batch
 from ...values import Effect
 from .setup import E0001_PAYLOAD
-from .verdicts import (Findings, NotAttempted, Verdict, bypassed, checked, compare,
-                                figures, nudge, plain, refusal, read, states, untouched)
+from .provenance import calls_made
+from .verdicts import (Findings, NotAttempted, Stop, Verdict, bypassed, checked, compare,
+                                figures, nudge, path_of, plain, refusal, read, states, untouched)
 
 __all__ = ["check_1", "check_2", "check_3"]
 
@@ -185,6 +186,12 @@ def check_3(queue: Any) -> Verdict:
     """E0004 done by the newer handler after a redrive: 20000, effects 4, done 4, dead 0."""
     def body() -> Verdict:
         world = read(queue, 3)
+        if untouched(world, 3) and "claim_batch" in calls_made(path_of(queue)):
+            raise Stop("a worker ran on q3 and found nothing to claim: E0004 is still dead, not "
+                       "redriven, and no worker takes a dead message, whatever its handler "
+                       "knows: a fixed handler alone does not bring E0004 back",
+                       "keep your handler that knows toy and redrive E0004 first: "
+                       "`q3.redrive(\"E0004\")`, then `drain(q3, newer_handler)`")
         if untouched(world, 3):
             raise NotAttempted("add toy support, redrive E0004, then run a worker")
         found = Findings(3, "run `start_3` again: `newer_handler = Handler().supporting(\"toy\")` "

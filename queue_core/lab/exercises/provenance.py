@@ -377,3 +377,12 @@ def handlers_used(path: str | os.PathLike[str]) -> list[str]:
     entries = witness.entries() or [] if witness is not None else []
     return list(dict.fromkeys(entry["handler"] for entry in entries
                               if entry.get("kind") == "call" and "handler" in entry))
+
+
+def calls_made(path: str | os.PathLike[str]) -> list[str]:
+    """The names of the package's calls signed on the file at ``path`` since its start,
+    in order (a call that changed nothing included: a claim that found nothing due)."""
+    witness = _STARTED.get(_key(path))
+    entries = witness.entries() or [] if witness is not None else []
+    return [entry.get("what", "") for entry in entries
+            if entry.get("kind") == "call" and witness is not None and witness.genuine(entry)]
