@@ -288,6 +288,43 @@ def test_exercise_5_a_metric_that_exits_or_is_interrupted_gets_a_verdict_not_a_r
     one_verdict(capsys, verdict)
 
 
+
+def test_exercise_5_a_journal_mode_pragma_is_named_with_its_real_reason_not_as_a_lock(
+        capsys) -> None:
+    def leaving_wal(db_path: str) -> dict[str, int]:
+        conn = sqlite3.connect(db_path)
+        try:
+            conn.execute("PRAGMA journal_mode=DELETE")  # SQLite answers: database is locked
+            return dict(conn.execute("SELECT event_id, attempts FROM messages "
+                                     "WHERE state = 'dead'"))
+        finally:
+            conn.close()
+
+    verdict = exercises.check_5(leaving_wal)
+
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: on 'the reference scenario (E0004, unknown category)' your function ran "
+        "`PRAGMA journal_mode=DELETE`, which changes the file it measures (its journal_mode), "
+        "not only reads it: SQLite changes a WAL file's journal mode only when no other "
+        "connection has the file open, and the check holds one open, so it raised "
+        "OperationalError: database is locked. Next: remove the PRAGMA and only read: "
+        "`sqlite3.connect` and a SELECT; no CREATE, INSERT, UPDATE or DELETE, no claim")
+
+
+def test_exercise_5_a_pragma_that_only_reads_or_keeps_wal_is_no_write() -> None:
+    def reading_pragmas(db_path: str) -> dict[str, int]:
+        conn = sqlite3.connect(db_path)
+        try:
+            conn.execute("PRAGMA journal_mode").fetchone()
+            conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            return dict(conn.execute("SELECT event_id, attempts FROM messages "
+                                     "WHERE state = 'dead'"))
+        finally:
+            conn.close()
+
+    assert exercises.check_5(reading_pragmas).status == SOLVED
+
 # -- exercise 6 ---------------------------------------------------------------------
 
 def test_exercise_6_untouched_start_is_not_attempted(tmp_path: Path, capsys) -> None:
