@@ -22,6 +22,7 @@ import subprocess
 import sys
 import pkgutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -419,8 +420,8 @@ def forged_9(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
     (9, forged_9, "tables effects, messages, transitions"),
 ], ids=["exercise-1", "exercise-3", "exercise-4", "exercise-7", "exercise-8", "exercise-9"])
 def test_rows_written_with_own_sql_inside_the_queues_own_transaction_are_refused(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], number: int, forge,  # type: ignore[no-untyped-def]
-        tables: str) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], number: int,
+        forge: Callable[[Path], tuple[Queue, tuple[object, ...]]], tables: str) -> None:
     queue, arguments = forge(tmp_path)
     capsys.readouterr()
     assert check(snapshot(queue.path)) == []  # the audit alone cannot tell
@@ -479,11 +480,11 @@ def test_the_recorder_driven_by_hand_signs_anything_as_exercises_md_says(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     said = " ".join((ROOT / "EXERCISES.md").read_text(encoding="utf-8").split())
     assert ("What a check cannot see, and does not promise: code that reads the kernel's key, "
-            "or drives the course's own recorder by hand (`q1.calling(...)`, which the course's "
-            "runners use), can sign any content") in said
+            "or drives the course's own recorder by hand (the queue's private `_calling`, which "
+            "the course's runners use), can sign any content") in said
     mine, model = in_two(tmp_path)
     q3 = exercises.start_3(mine)
-    with q3.calling("complete"):  # type: ignore[attr-defined]
+    with q3._calling("complete"):  # type: ignore[attr-defined]
         written_in_its_transaction(q3, model_rows(solve_3(exercises.start_3(model)).path))
     capsys.readouterr()
 

@@ -30,13 +30,14 @@ A check then asks three things of the file it is given:
   written, changed or deleted with SQL of one's own has none;
 - did any transaction run SQL of one's own (``sql``), or a handler of one's
   own that writes with the ACK's connection? Exercise 7's own ledger table
-  is the one exception (``OWN_TABLES``): its check judges that table itself;
+  is an exception (``OWN_TABLES``): its check judges that table itself; and
+  exercise 6's naive steps are signed as its runner's (``signed_as``);
 - did every witnessed call start from a signed state? A hand edit followed
   by a call (which would sign the edited content) is recorded as such.
 
 What it cannot see: the key is in this kernel's memory, so code that reads
 it (or that runs the engine's own calls on a ``WitnessedQueue`` to reach a
-state, or opens a transaction inside ``calling`` as the course's runners do)
+state, or opens a transaction inside ``_calling`` as the course's runners do)
 can sign anything; the witness proves that a state was reached
 through the package's calls on the queue the start handed out, not which
 calls a learner meant to make. EXERCISES.md says so.
@@ -184,7 +185,7 @@ class WitnessedQueue(Queue):
         return self._witnessed(super().transaction(relaxed=relaxed), self._call)
 
     @contextmanager
-    def calling(self, what: str, **details: Any) -> Iterator[None]:
+    def _calling(self, what: str, **details: Any) -> Iterator[None]:
         """Sign the write transactions opened in the block as the call ``what`` (a call
         inside another one is signed as the outer one). The course's own runners use
         it for the steps they run (exercise 6's naive worker)."""
@@ -201,7 +202,7 @@ class WitnessedQueue(Queue):
         """``Queue.enqueue``, its transaction signed with the batch's event ids
         (exercise 8 asks which event a replay after the prune carried)."""
         events = [getattr(event, "event_id", None) for event in getattr(batch, "events", ())]
-        with self.calling("enqueue", events=events):
+        with self._calling("enqueue", events=events):
             return super().enqueue(batch)
 
     @contextmanager
@@ -229,7 +230,7 @@ def _signed_as(name: str) -> Callable[..., Any]:
 
     def call(self: WitnessedQueue, *args: Any, **kwargs: Any) -> Any:
         handler = kwargs.get("handler", args[1] if len(args) > 1 else None) if acks else None
-        with self.calling(name, **own_handler(handler)):
+        with self._calling(name, **own_handler(handler)):
             return engine(self, *args, **kwargs)
     call.__name__ = call.__qualname__ = name
     call.__doc__ = f"``Queue.{name}``, its write transactions signed as ``{name}``."
@@ -245,11 +246,14 @@ def own_handler(handler: Any) -> dict[str, Any]:
     """What a call's entry says of a handler that is not the course's ``Handler``:
     its class's name, and which of ``HANDLER_HOOKS`` (the methods given the ACK's
     connection) it does not take from ``Handler`` (nothing for the course's own)."""
-    if handler is None or type(handler) is Handler and not getattr(handler, "__dict__", {}).keys() & {
-            *HANDLER_HOOKS, "effect_of"}:
+    if handler is None:
+        return {}
+    own = getattr(handler, "__dict__", {}).keys() & {*HANDLER_HOOKS, "effect_of"}  # set on it
+    if type(handler) is Handler and not own:
         return {}
     hooks = [hook for hook in HANDLER_HOOKS
-             if getattr(getattr(handler, hook, None), "__func__", None) is not getattr(Handler, hook)]
+             if getattr(getattr(handler, hook, None), "__func__", None)
+             is not getattr(Handler, hook)]
     return {"handler": type(handler).__name__, "hooks": hooks}
 
 
@@ -262,10 +266,10 @@ def queue_signing_as(witness: Witness | None, path: str | os.PathLike[str],
 
 
 def signed_as(queue: Queue, what: str) -> AbstractContextManager[None]:
-    """``queue.calling(what)`` on a ``WitnessedQueue``; nothing on another queue. For the
+    """``queue._calling(what)`` on a ``WitnessedQueue``; nothing on another queue. For the
     course's own runners: the steps they run are the exercise's route, not SQL of the
     learner's own around it."""
-    return queue.calling(what) if isinstance(queue, WitnessedQueue) else nullcontext()
+    return queue._calling(what) if isinstance(queue, WitnessedQueue) else nullcontext()
 
 
 def record_path(path: str | os.PathLike[str]) -> str:
