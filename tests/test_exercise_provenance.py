@@ -489,3 +489,15 @@ def test_the_recorder_driven_by_hand_signs_anything_as_exercises_md_says(
     capsys.readouterr()
 
     assert exercises.check_3(q3).status == SOLVED  # what a check cannot see
+
+
+def test_every_method_of_the_queue_that_opens_a_write_transaction_is_signed_as_a_call() -> None:
+    from queue_core.lab.exercises.provenance import ENGINE_CALLS, WitnessedQueue
+
+    writers = sorted(name for klass in Queue.__mro__ if klass.__module__.startswith("queue_core")
+                     for name, member in vars(klass).items() if callable(member)
+                     and not name.startswith("_") and name != "transaction"
+                     and "self.transaction(" in inspect.getsource(member))
+    assert writers and set(writers) <= set(ENGINE_CALLS), writers
+    assert "prune" in ENGINE_CALLS  # it writes through retention's own helper
+    assert all(getattr(WitnessedQueue, name) is not getattr(Queue, name) for name in ENGINE_CALLS)
