@@ -115,6 +115,39 @@ def test_exercise_7_the_answer_key_itself_or_called_is_not_quite(tmp_path: Path,
         assert "the answer key" in one_verdict(capsys, verdict)
 
 
+def copied_answer_key(keep_docstring: bool) -> Any:
+    """The course's inbox step, copied with ``inspect.getsource`` and run again with
+    ``exec`` in a namespace of the learner's (its docstring kept, or cut out)."""
+    import inspect
+
+    source = inspect.getsource(answer_key)
+    if not keep_docstring:
+        head, _, rest = source.partition('"""')
+        source = head.rstrip() + "\n" + rest.split('"""', 1)[1].lstrip("\n")
+    namespace: dict[str, Any] = {"Handler": Handler, "drain": drain, "Queue": Queue}
+    exec(source, namespace)  # noqa: S102 - the learner's route under test
+    return namespace["inbox_step"]
+
+
+@pytest.mark.parametrize("keep_docstring", [True, False], ids=["as-printed", "docstring-cut"])
+def test_exercise_7_the_answer_key_copied_with_getsource_and_exec_is_refused(
+        tmp_path: Path, capsys, keep_docstring: bool) -> None:
+    step = copied_answer_key(keep_docstring)
+    assert step is not answer_key and step.__code__.co_filename == "<string>"
+    queue, run = takeover(tmp_path, step)
+    assert figures(queue.path) == (17000, 3, {"done": 3}, 0)  # right figures, wrong route
+    capsys.readouterr()
+
+    verdict = exercises.check_7(queue, run)
+
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: your step is a copy of the course's own inbox step, the answer key (the "
+        "same code as queue_core.lab.broker's inbox_step, run again with exec): a copy of the "
+        "key is the key. Next: write the step yourself, in your own words (Hints 1 to 3 in "
+        "EXERCISES.md)")
+
+
 def test_exercise_7_a_ledger_that_checks_for_repeats_has_the_right_total_and_the_wrong_state(
         tmp_path: Path, capsys) -> None:
     def deduped_ledger(queue: Queue, line: str) -> None:
@@ -198,7 +231,7 @@ def test_exercise_7_a_second_run_on_a_used_start_is_refused_and_changes_nothing(
     assert exercises.check_7(queue, first).status == SOLVED  # the first run still holds
 
 
-def test_exercise_7_a_step_that_writes_the_rows_by_hand_is_found_by_the_audit(
+def test_exercise_7_a_step_that_writes_the_rows_by_hand_is_found_by_the_witness_and_the_audit(
         tmp_path: Path, capsys) -> None:
     def by_hand(queue: Queue, line: str) -> None:
         event = json.loads(line)
@@ -215,7 +248,12 @@ def test_exercise_7_a_step_that_writes_the_rows_by_hand_is_found_by_the_audit(
     assert figures(queue.path) == (17000, 3, {"done": 3}, 0)  # every figure right
     verdict = exercises.check_7(queue, run)
     assert verdict.status == NOT_QUITE
-    assert "the audit found journal_disagrees: E0001" in one_verdict(capsys, verdict)
+    text = one_verdict(capsys, verdict)
+    assert text.startswith(
+        "Not quite: a hand edit: q7's file was changed by SQL of your own, run inside "
+        "`q7.transaction()` (it changed the tables effects, messages): a transaction you open "
+        "yourself is not one of the package's calls, though it runs on q7; the audit also "
+        "found journal_disagrees: E0001"), text
 
 
 def test_exercise_7_a_run_on_another_file_is_not_quite(tmp_path: Path, capsys) -> None:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import pkgutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -302,3 +303,201 @@ def test_no_chapter_prints_the_body_of_exercise_7s_answer_key() -> None:
             output.get("data", {}).get("text/plain", ""))
             for cell in cells for output in cell.get("outputs", ()))
         assert not any(line in shown for line in body[:2]), path.name
+
+
+# -- SQL of one's own inside the queue's own transaction ---------------------------------------
+
+def model_rows(path: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every table of a queue file that the real calls solved."""
+    conn = sqlite3.connect(path)
+    try:
+        tables = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        return {table: conn.execute(f'SELECT * FROM "{table}"').fetchall() for table in tables}
+    finally:
+        conn.close()
+
+
+def written_in_its_transaction(queue: Queue, rows: dict[str, list[tuple[object, ...]]]) -> None:
+    """``queue``'s tables given, inside ``queue.transaction()`` itself, exactly the rows of
+    a solved queue: SQL of one's own in the engine's exact shape, through the public API."""
+    with queue.transaction() as conn:
+        conn.execute("PRAGMA defer_foreign_keys = ON")
+        for table in rows:
+            conn.execute(f'DELETE FROM "{table}"')
+        for table, found in rows.items():
+            if found:
+                marks = ", ".join("?" * len(found[0]))
+                conn.executemany(f'INSERT INTO "{table}" VALUES ({marks})', found)
+
+
+def in_two(tmp: Path) -> tuple[Path, Path]:
+    (tmp / "mine").mkdir()
+    (tmp / "model").mkdir()
+    return tmp / "mine", tmp / "model"
+
+
+def forged_1(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    from test_exercises import EDIT_E0001, NEW_E0005, refused
+    mine, model = in_two(tmp)
+    solved = exercises.start_1(model)
+    refused(lambda: solved.enqueue_jsonl(EDIT_E0001))
+    solved.enqueue_jsonl(NEW_E0005)
+    drain(solved, Handler())
+    q1 = exercises.start_1(mine)
+    edit_refusal = refused(lambda: q1.enqueue_jsonl(EDIT_E0001))  # the refusal is q1's own
+    written_in_its_transaction(q1, model_rows(solved.path))
+    return q1, (edit_refusal,)
+
+
+def forged_3(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    mine, model = in_two(tmp)
+    q3 = exercises.start_3(mine)
+    written_in_its_transaction(q3, model_rows(solve_3(exercises.start_3(model)).path))
+    return q3, ()
+
+
+def forged_4(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    from test_exercises import refused, stall_then_dead
+    mine, model = in_two(tmp)
+    solved = exercises.start_4(model)
+    from test_exercises import stalled_worker_story
+    stalled_worker_story(solved)
+    q4 = exercises.start_4(mine)  # the story played for real up to W3's ACK, refusals kept
+    w1, before = stall_then_dead(q4, Handler())
+    q4.redrive("E0004")
+    assert q4.claim() is not None
+    after = (w1, refused(lambda: q4.complete(w1, Handler().supporting("toy"))))
+    written_in_its_transaction(q4, model_rows(solved.path))  # ... and W3's ACK written by hand
+    return q4, (before, after)
+
+
+def forged_7(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    from test_exercise_inbox import learners_inbox
+    mine, model = in_two(tmp)
+    solved = exercises.start_7(model)
+    assert exercises.run_takeover_7(solved, learners_inbox) is not None
+    rows = model_rows(solved.path)
+
+    def step(queue: Queue, line: str) -> None:  # the whole story's rows, on the first delivery
+        if not queue.messages():
+            written_in_its_transaction(queue, rows)
+
+    q7 = exercises.start_7(mine)
+    return q7, (exercises.run_takeover_7(q7, step),)
+
+
+def forged_8(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    from test_exercise_retention import E0001_LINE
+    mine, model = in_two(tmp)
+    solved = exercises.start_8(model)
+    solved.prune(60)
+    q8 = exercises.start_8(mine)
+    written_in_its_transaction(q8, model_rows(solved.path))  # the prune written by hand
+    return q8, (q8.enqueue_jsonl(E0001_LINE),)                # then a real replay
+
+
+def forged_9(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    mine, model = in_two(tmp)
+    solved = exercises.start_9(model)
+    assert exercises.run_after_cut_9(solved, lambda queue, lease, handler: None) is not None
+    rows = model_rows(solved.path)
+
+    def after_lost_connection(queue: Queue, lease: object, handler: Handler) -> None:
+        if queue.status().states.get("done") != 3:
+            written_in_its_transaction(queue, rows)
+
+    q9 = exercises.start_9(mine)
+    return q9, (exercises.run_after_cut_9(q9, after_lost_connection),)
+
+
+@pytest.mark.parametrize("number, forge, tables", [
+    (1, forged_1, "tables effects, messages, transitions"),
+    (3, forged_3, "tables effects, messages, transitions"),
+    (4, forged_4, "tables effects, messages, transitions"),
+    (7, forged_7, "tables effects, messages, transitions"),
+    (8, forged_8, "tables compacted, messages, transitions"),
+    (9, forged_9, "tables effects, messages, transitions"),
+], ids=["exercise-1", "exercise-3", "exercise-4", "exercise-7", "exercise-8", "exercise-9"])
+def test_rows_written_with_own_sql_inside_the_queues_own_transaction_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], number: int,
+        forge: Callable[[Path], tuple[Queue, tuple[object, ...]]], tables: str) -> None:
+    queue, arguments = forge(tmp_path)
+    capsys.readouterr()
+    assert check(snapshot(queue.path)) == []  # the audit alone cannot tell
+
+    verdict = getattr(exercises, f"check_{number}")(queue, *arguments)
+
+    mine = f"q{number}"
+    assert verdict.status == NOT_QUITE
+    assert verdict_of(capsys, verdict).startswith(
+        f"Not quite: a hand edit: {mine}'s file was changed by SQL of your own, run inside "
+        f"`{mine}.transaction()` (it changed the {tables}): a transaction you open yourself "
+        f"is not one of the package's calls, though it runs on {mine}"), verdict.text
+    assert verdict.next_step == (
+        f"run `start_{number}` again (`{mine} = exercises.start_{number}(workdir)`) and change "
+        f"the queue only through {mine}'s calls")
+
+
+def test_a_handler_of_ones_own_that_writes_with_the_acks_connection_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    class Recording(Handler):
+        def apply(self, conn, event_id, payload):  # type: ignore[no-untyped-def]
+            return super().apply(conn, event_id, payload)  # it could write anything here
+
+    q3 = exercises.start_3(tmp_path)
+    q3.redrive("E0004")
+    drain(q3, Recording().supporting("toy"))
+    capsys.readouterr()
+    assert figures(q3.path) == (20000, 4, {"done": 4})
+
+    verdict = exercises.check_3(q3)
+
+    assert verdict.status == NOT_QUITE
+    assert verdict_of(capsys, verdict) == (
+        "Not quite: a hand edit: a handler of your own (Recording, whose apply is not "
+        "Handler's) ran inside q3's ACK with the ACK's connection, so what it wrote there "
+        "cannot be told from the package's own work. Next: run `start_3` again "
+        "(`q3 = exercises.start_3(workdir)`) and process with the course's Handler "
+        "(`Handler()`, or `Handler().supporting(...)`)")
+
+
+def test_the_course_handler_and_its_own_runners_sql_are_no_sql_of_the_learners(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from queue_core.lab.exercises.provenance import record_path
+
+    q3 = solve_3(exercises.start_3(tmp_path))
+    entries = [json.loads(line) for line in Path(record_path(q3.path)).read_text().splitlines()]
+    capsys.readouterr()
+
+    assert [(e["kind"], e.get("what")) for e in entries] == [
+        ("start", None), ("call", "redrive"), ("call", "claim_batch"),
+        ("call", "complete_and_claim")]
+    assert exercises.check_3(q3).status == SOLVED
+
+
+def test_the_recorder_driven_by_hand_signs_anything_as_exercises_md_says(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    said = " ".join((ROOT / "EXERCISES.md").read_text(encoding="utf-8").split())
+    assert ("What a check cannot see, and does not promise: code that reads the kernel's key, "
+            "or drives the course's own recorder by hand (the queue's private `_calling`, which "
+            "the course's runners use), can sign any content") in said
+    mine, model = in_two(tmp_path)
+    q3 = exercises.start_3(mine)
+    with q3._calling("complete"):  # type: ignore[attr-defined]
+        written_in_its_transaction(q3, model_rows(solve_3(exercises.start_3(model)).path))
+    capsys.readouterr()
+
+    assert exercises.check_3(q3).status == SOLVED  # what a check cannot see
+
+
+def test_every_method_of_the_queue_that_opens_a_write_transaction_is_signed_as_a_call() -> None:
+    from queue_core.lab.exercises.provenance import ENGINE_CALLS, WitnessedQueue
+
+    writers = sorted(name for klass in Queue.__mro__ if klass.__module__.startswith("queue_core")
+                     for name, member in vars(klass).items() if callable(member)
+                     and not name.startswith("_") and name != "transaction"
+                     and "self.transaction(" in inspect.getsource(member))
+    assert writers and set(writers) <= set(ENGINE_CALLS), writers
+    assert "prune" in ENGINE_CALLS  # it writes through retention's own helper
+    assert all(getattr(WitnessedQueue, name) is not getattr(Queue, name) for name in ENGINE_CALLS)

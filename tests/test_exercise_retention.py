@@ -45,6 +45,34 @@ def test_exercise_8_prune_then_a_duplicate_replay_is_solved(tmp_path: Path,
     assert capsys.readouterr().out == verdict.text + "\n"
     assert figures(queue.path) == (17000, 3, {"done": 3, "dead": 1})
     assert queue.message("E0001").payload is None
+    assert verdict.text == (
+        "Solved: E0001's payload and journal are gone and its key, digest, effect and compacted "
+        "record kept; the replay of E0001 on q8 after the prune (an enqueue of E0001's line, "
+        "which q8's witness records) was a duplicate (inserted 0, duplicates 1) and the money "
+        "did not move: total 17000 (book 15000, pen 2000); effects 3; ready 0, leased 0, "
+        "done 3, dead 1")
+
+
+E0002_LINE = '{"event_id": "E0002", "payload": {"category": "pen", "amount_cents": 2000}}'
+
+
+def test_exercise_8_a_replay_of_another_pruned_event_is_not_the_replay_of_e0001(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    queue = exercises.start_8(tmp_path)
+    queue.prune(60)
+    replay = queue.enqueue_jsonl(E0002_LINE)  # E0002 is pruned too: a duplicate as well
+    assert replay == EnqueueResult(0, 1)
+    capsys.readouterr()
+
+    verdict = exercises.check_8(queue, replay)
+
+    assert verdict.status == NOT_QUITE
+    assert capsys.readouterr().out == verdict.text + "\n"
+    assert verdict.text == (
+        "Not quite: the replay after the prune carried E0002, not E0001's line alone: the "
+        "exercise asks whether E0001, pruned, is still known as a duplicate. Next: replay "
+        "E0001's own line on q8: `replay_8 = q8.enqueue_jsonl(E0001_LINE)`")
+    assert figures(queue.path) == (17000, 3, {"done": 3, "dead": 1})
 
 
 def naive_then_replay(tmp: Path) -> tuple[Any, ...]:

@@ -199,6 +199,11 @@ def two_with(tmp: Path, *, batch: Any = "file", why: Any = "b",
     return queue, refusal, why
 
 
+# A batch of the learner's own that conflicts on line 2 as the file does, but holds no E0005.
+OWN_CONFLICT = ('{"event_id": "E0007", "payload": {"category": "pen", "amount_cents": 500}}\n'
+                + EDIT_E0001)
+
+
 def loaded_line_by_line_then_deleted(queue: Queue) -> None:
     """The naive loader lets E0005 in; a DELETE by hand takes it out again."""
     queue.enqueue_jsonl((DATA / "conflict.jsonl").read_text().splitlines()[0])
@@ -223,6 +228,11 @@ ROUTES += [
     Route(2, "batch-never-sent", lambda t: two_with(t, batch=None),
         ("the conflicting batch: expected a batch_conflict refusal, found none",),
         "set conflict_file"),
+    Route(2, "a-conflicting-batch-of-ones-own-without-e0005", lambda t: two_with(
+        t, batch=OWN_CONFLICT), ("that refusal came from a batch of your own (2 events: E0007, "
+                                 "E0001), not data/conflict.jsonl (2 events: E0005, E0001)",),
+        "send the whole file", (17000, 3, {"done": 3, "dead": 1}),
+        not_says=("so its E0005 on line 1 was not added",)),
 ]
 
 
@@ -637,6 +647,59 @@ ROUTES += [
     Route(6, "exercise-4s-queue-passed-to-check-6", lambda t: (exercises.start_4(t), None),
         ("that is exercise 4's queue (q4, built by start_4), not exercise 6's",), "pass q6"),
 ]
+
+
+class Doubling(Handler):
+    """A handler of the learner's own: twice the payload's amount."""
+
+    def effect_of(self, payload: Any) -> Any:
+        effect = super().effect_of(payload)
+        return type(effect)(effect.category, 2 * effect.amount_cents)
+
+
+def test_exercise_1_a_handler_subclass_is_named_as_such_not_as_sql_of_ones_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    queue = exercises.start_1(tmp_path)
+    refusal = caught(lambda: queue.enqueue_jsonl(EDIT_E0001))
+    queue.enqueue_jsonl(E0005_1000)
+    drain(queue, Doubling())  # 1000 written as 2000: the right total, the wrong effect
+    assert figures(queue.path) == (19000, 4, {"done": 4, "dead": 1})
+    capsys.readouterr()
+
+    verdict = exercises.check_1(queue, refusal)
+
+    assert capsys.readouterr().out.splitlines() == [verdict.text]
+    assert verdict.text == (
+        "Not quite: the audit found effect_differs: E0005: effect pen 2000, payload says pen "
+        "1000: every change came through q1's calls, and they ran a handler of your own "
+        "(Doubling, not the course's Handler), whose effects are not what their payloads say; "
+        "E0005 brings 1000, the difference is 2000. Next: run `start_1` again and process with "
+        "the course's Handler (`Handler()`, or `Handler().supporting(...)`): an effect is what "
+        "its payload says")
+    assert "SQL of your own" not in verdict.text and "hand edit" not in verdict.text
+
+
+def test_exercise_2_a_conflicting_batch_of_ones_own_is_refused_saying_what_was_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    queue, refusal, why = two_with(tmp_path, batch=OWN_CONFLICT)
+    assert (refusal.code, refusal.line, refusal.event_id) == ("batch_conflict", 2, "E0001")
+    capsys.readouterr()
+
+    verdict = exercises.check_2(queue, refusal, why)
+
+    assert capsys.readouterr().out.splitlines() == [verdict.text]
+    assert verdict.text == (
+        "Not quite: the conflicting batch: that refusal came from a batch of your own (2 events: "
+        "E0007, E0001), not data/conflict.jsonl (2 events: E0005, E0001): the exercise asks "
+        "what the course's file does, whose E0005 on line 1 the refusal keeps out. Next: send "
+        f"the whole file with `q2.enqueue_file(\"{exercises.checks.conflict_path()}\")`, not a "
+        "batch of your own")
+    same_lines = two_with(place(tmp_path, "lines"),
+                          batch=(DATA / "conflict.jsonl").read_text().replace(": ", ":"))
+    assert exercises.check_2(*same_lines).text == (  # the file's lines, spelled otherwise
+        "Solved: the batch of data/conflict.jsonl was refused whole at line 2 (batch_conflict "
+        "on E0001), so its E0005 on line 1 was not added: total 17000 (book 15000, pen 2000); "
+        "effects 3; ready 0, leased 0, done 3, dead 1")
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[f"{r.number}-{r.name}" for r in ROUTES])

@@ -130,6 +130,24 @@ def test_exercise_3_support_first_then_redrive_is_solved(tmp_path: Path) -> None
     assert figures(queue.path) == (20000, 4, {"done": 4})
 
 
+
+def test_exercise_3_a_fixed_handler_without_a_redrive_is_not_quite_and_says_to_redrive(
+        tmp_path: Path, capsys) -> None:
+    queue = exercises.start_3(tmp_path)
+    newer_handler = Handler().supporting("toy")
+    assert drain(queue, newer_handler) == []  # nothing due: E0004 is dead
+    capsys.readouterr()
+
+    verdict = exercises.check_3(queue)
+
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: a worker ran on q3 and found nothing to claim: E0004 is still dead, not "
+        "redriven, and no worker takes a dead message, whatever its handler knows: a fixed "
+        "handler alone does not bring E0004 back. Next: keep your handler that knows toy and "
+        "redrive E0004 first: `q3.redrive(\"E0004\")`, then `drain(q3, newer_handler)`")
+    assert exercises.check_3(exercises.start_3(tmp_path)).status == NOT_ATTEMPTED  # a new start
+
 # -- exercise 4 ---------------------------------------------------------------------
 
 Refusal = tuple[Lease, Exception]
@@ -269,6 +287,43 @@ def test_exercise_5_a_metric_that_exits_or_is_interrupted_gets_a_verdict_not_a_r
     assert verdict.next_step
     one_verdict(capsys, verdict)
 
+
+
+def test_exercise_5_a_journal_mode_pragma_is_named_with_its_real_reason_not_as_a_lock(
+        capsys) -> None:
+    def leaving_wal(db_path: str) -> dict[str, int]:
+        conn = sqlite3.connect(db_path)
+        try:
+            conn.execute("PRAGMA journal_mode=DELETE")  # SQLite answers: database is locked
+            return dict(conn.execute("SELECT event_id, attempts FROM messages "
+                                     "WHERE state = 'dead'"))
+        finally:
+            conn.close()
+
+    verdict = exercises.check_5(leaving_wal)
+
+    assert verdict.status == NOT_QUITE
+    assert one_verdict(capsys, verdict) == (
+        "Not quite: on 'the reference scenario (E0004, unknown category)' your function ran "
+        "`PRAGMA journal_mode=DELETE`, which changes the file it measures (its journal_mode), "
+        "not only reads it: SQLite changes a WAL file's journal mode only when no other "
+        "connection has the file open, and the check holds one open, so it raised "
+        "OperationalError: database is locked. Next: remove the PRAGMA and only read: "
+        "`sqlite3.connect` and a SELECT; no CREATE, INSERT, UPDATE or DELETE, no claim")
+
+
+def test_exercise_5_a_pragma_that_only_reads_or_keeps_wal_is_no_write() -> None:
+    def reading_pragmas(db_path: str) -> dict[str, int]:
+        conn = sqlite3.connect(db_path)
+        try:
+            conn.execute("PRAGMA journal_mode").fetchone()
+            conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            return dict(conn.execute("SELECT event_id, attempts FROM messages "
+                                     "WHERE state = 'dead'"))
+        finally:
+            conn.close()
+
+    assert exercises.check_5(reading_pragmas).status == SOLVED
 
 # -- exercise 6 ---------------------------------------------------------------------
 

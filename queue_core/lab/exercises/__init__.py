@@ -11,7 +11,8 @@ to do) or ``Not attempted yet: ...`` (where to begin), and returns a
 ``not_attempted``. It catches everything, a ``None`` placeholder included,
 and only reads the learner's database. Money, effect count and states are
 checked together, and so is how the answer was reached: a right total with
-a lost message, a hand edit, the answer key called (or run as a child
+a lost message, a hand edit (SQL of one's own, inside the queue's own
+``transaction()`` too), the answer key called or copied (or run as a child
 process), a refusal, a lease or a run from another queue (or made by hand),
 or another exercise's queue is not solved.
 

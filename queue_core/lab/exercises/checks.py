@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from ...audit import Snapshot
+from ...ingest import Batch, read_batch
 from ...values import Effect
 from .setup import E0001_PAYLOAD
-from .verdicts import (Findings, NotAttempted, Verdict, bypassed, checked, compare,
-                                figures, nudge, plain, refusal, read, states, untouched)
+from .provenance import calls_made
+from .verdicts import (Findings, NotAttempted, Stop, Verdict, bypassed, checked, compare,
+                                figures, nudge, path_of, plain, refusal, read, states, untouched)
 
 __all__ = ["check_1", "check_2", "check_3"]
 
@@ -108,15 +110,52 @@ def check_2(queue: Any, conflict_refusal: Any = None, why: Any = None) -> Verdic
                       "relative path starts from the folder the notebook runs in (notebooks/ "
                       f"for notebook 09), so the batch's path is \"{path}\"",
                       f"set `conflict_file = \"{path}\"` and run that cell again")
-        else:
-            refusal("the conflicting batch", conflict_refusal, "batch_conflict", found,
-                    queue=queue, keep=keep, event_id="E0001", line=2,
-                    other=f"send the whole file with {send}, not a line of your own")
+        elif refusal("the conflicting batch", conflict_refusal, "batch_conflict", found,
+                     queue=queue, keep=keep, event_id="E0001", line=2,
+                     other=f"send the whole file with {send}, not a line of your own"):
+            _the_course_batch(conflict_refusal, found, send)
         _letter(why, found)
         bypassed(world, found, queue)
-        return found.verdict("the batch was refused whole at line 2 (batch_conflict on E0001), "
-                             f"so E0005 was not added: {figures(world.status)}")
+        return found.verdict("the batch of data/conflict.jsonl was refused whole at line 2 "
+                             "(batch_conflict on E0001), so its E0005 on line 1 was not added: "
+                             f"{figures(world.status)}")
     return checked(2, body)
+
+
+def _the_course_batch(error: BaseException, found: Findings, send: str) -> None:
+    """The refused batch must be the lines of data/conflict.jsonl (in any spelling of
+    the same JSON): the batch that the refused ``enqueue`` was given, read from the
+    refusal's own traceback."""
+    sent = _refused_batch(error)
+    expected = read_batch(_CONFLICT)
+    if sent is not None and _lines(sent) == _lines(expected):
+        return
+    which = ("a batch whose lines could not be read from the refusal" if sent is None else
+             f"a batch of your own ({_describe(sent)}), not data/conflict.jsonl "
+             f"({_describe(expected)})")
+    found.add(f"the conflicting batch: that refusal came from {which}: the exercise asks what "
+              "the course's file does, whose E0005 on line 1 the refusal keeps out",
+              f"send the whole file with {send}, not a batch of your own")
+
+
+def _refused_batch(error: BaseException) -> Batch | None:
+    """The ``Batch`` that the engine's ``enqueue`` held when it raised ``error``."""
+    frame = error.__traceback__
+    while frame is not None:
+        batch = frame.tb_frame.f_locals.get("batch")
+        if isinstance(batch, Batch) and frame.tb_frame.f_code.co_name == "enqueue":
+            return batch
+        frame = frame.tb_next
+    return None
+
+
+def _lines(batch: Batch) -> tuple[Any, ...]:
+    return batch.repeats, tuple((e.line, e.event_id, e.payload) for e in batch.events)
+
+
+def _describe(batch: Batch) -> str:
+    ids = [event.event_id for event in batch.events]
+    return f"{len(ids)} event{'s' if len(ids) != 1 else ''}: {', '.join(ids)}"[:120]
 
 
 def conflict_path() -> str:
@@ -147,6 +186,12 @@ def check_3(queue: Any) -> Verdict:
     """E0004 done by the newer handler after a redrive: 20000, effects 4, done 4, dead 0."""
     def body() -> Verdict:
         world = read(queue, 3)
+        if untouched(world, 3) and "claim_batch" in calls_made(path_of(queue)):
+            raise Stop("a worker ran on q3 and found nothing to claim: E0004 is still dead, not "
+                       "redriven, and no worker takes a dead message, whatever its handler "
+                       "knows: a fixed handler alone does not bring E0004 back",
+                       "keep your handler that knows toy and redrive E0004 first: "
+                       "`q3.redrive(\"E0004\")`, then `drain(q3, newer_handler)`")
         if untouched(world, 3):
             raise NotAttempted("add toy support, redrive E0004, then run a worker")
         found = Findings(3, "run `start_3` again: `newer_handler = Handler().supporting(\"toy\")` "

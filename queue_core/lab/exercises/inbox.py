@@ -29,10 +29,12 @@ they return.
 
 from __future__ import annotations
 
+import dis
 import os
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import CodeType
 from typing import Any, Callable
 
 from ...audit import CONTRAST_LEDGER, Snapshot, snapshot
@@ -69,6 +71,7 @@ class TakeoverRun:
     left: Snapshot = field(repr=False)
     summary: str
     start: str | None = None
+    key_copied: bool = False
 
     def delivered(self, event_id: str) -> list[tuple[str, int]]:
         """(consumer, delivery counter) of each receipt of ``event_id``."""
@@ -154,7 +157,8 @@ def _takeover(url: str, queue: Queue, step: Callable[[Queue, str], Any]) -> Take
     witness = getattr(queue, "witness", None)
     return TakeoverRun(os.path.abspath(queue.path), getattr(step, "__name__", type(step).__name__),
                        _is_answer_key(step), steps, tuple(failures), world,
-                       _summary(queue, world), witness.nonce if witness is not None else None)
+                       _summary(queue, world), witness.nonce if witness is not None else None,
+                       _copied(step))
 
 
 def _own_queue(queue: Queue) -> Queue:
@@ -175,14 +179,47 @@ def _finish(broker: Broker, consumer: Consumer, entry: Any, failures: list[str])
 
 
 def _is_answer_key(step: Any) -> bool:
-    """Is ``step`` the lab's own inbox step, a partial of it, or a function that calls it?"""
-    if step is ANSWER_KEY or getattr(step, "func", None) is ANSWER_KEY:
+    """Is ``step`` the lab's own inbox step, a copy of it, a partial of either, or a
+    function that calls one of them?"""
+    if _key_or_copy(step) is not None:
         return True
     code, names = getattr(step, "__code__", None), getattr(step, "__globals__", {})
     if code is None:
         return False
-    return any(names.get(n) is ANSWER_KEY or getattr(names.get(n), ANSWER_KEY.__name__, None)
-               is ANSWER_KEY for n in code.co_names)
+    return any(_key_or_copy(names.get(n)) is not None
+               or getattr(names.get(n), ANSWER_KEY.__name__, None) is ANSWER_KEY
+               for n in code.co_names)
+
+
+def _copied(step: Any) -> bool:
+    """Is ``step`` (or what it calls) a copy of the answer key rather than the key itself?"""
+    code, names = getattr(step, "__code__", None), getattr(step, "__globals__", {})
+    found = [_key_or_copy(step), *(_key_or_copy(names.get(n)) for n in
+                                   (code.co_names if code is not None else ()))]
+    return "copy" in found and "key" not in found
+
+
+def _key_or_copy(value: Any) -> str | None:
+    """``key`` for the answer key itself (or a partial of it), ``copy`` for a function
+    whose instructions, names and constants are the key's, or whose docstring is the
+    key's (its source run again with ``exec``, in or out of a partial); else None."""
+    value = getattr(value, "func", value)
+    if value is ANSWER_KEY:
+        return "key"
+    code = getattr(value, "__code__", None)
+    if not isinstance(code, CodeType):
+        return None
+    if getattr(value, "__doc__", None) == ANSWER_KEY.__doc__ or \
+            _instructions(code) == _instructions(ANSWER_KEY.__code__):
+        return "copy"
+    return None
+
+
+def _instructions(code: CodeType) -> list[tuple[str, Any]]:
+    """What ``code`` runs, without where it was written: each instruction's name and
+    argument value (a nested function's as its own instructions)."""
+    return [(op.opname, _instructions(op.argval) if isinstance(op.argval, CodeType)
+             else op.argval) for op in dis.get_instructions(code)]
 
 
 def changes(before: Snapshot, after: Snapshot) -> list[str]:
@@ -241,6 +278,11 @@ def _judge(queue: Any, run: Any) -> Verdict:
     if not isinstance(run, TakeoverRun):
         raise Stop(f"your run: expected what run_takeover_7 returned, found {plain(run)}",
                    "keep what `run_takeover_7(q7, inbox_step)` returns and pass it here")
+    if run.answer_key and run.key_copied:
+        raise Stop("your step is a copy of the course's own inbox step, the answer key (the "
+                   "same code as queue_core.lab.broker's inbox_step, run again with exec): "
+                   "a copy of the key is the key", "write the step yourself, in your own words "
+                   "(Hints 1 to 3 in EXERCISES.md)")
     if run.answer_key:
         raise Stop("your step is the course's own inbox step, the answer key",
                    "write the step yourself (Hints 1 to 3 in EXERCISES.md)")

@@ -140,7 +140,7 @@ def check_9(queue: Any, cut_run: Any = None) -> Verdict:
         _raised(run, found)
         rewrote = any(_rewrote(exc) for _, exc in run.raised)
         # an effect the function wrote outside its ACK is named above, with its reason
-        bypassed(world, found, queue,
+        bypassed(world, found, queue, first=not rewrote,
                  ignore=lambda f: rewrote and f.name == "effect_without_done")
         _lost(world, found)
         if not found:

@@ -8,7 +8,9 @@ attempts (``int``, not ``bool`` or ``float``), ``{}`` when nothing is dead,
 in any order. Refused, each with what to change: a list of pairs, a pandas
 Series, ``None``; a function that raises; one that writes to the database it
 measures (a statement that would write, even one that changes no value, or
-a commit by any connection: ``PRAGMA data_version``); and one that reaches
+a commit by any connection: ``PRAGMA data_version``; a pragma that changes
+the file, such as ``PRAGMA journal_mode=DELETE``, named as such, not by the
+``database is locked`` that SQLite answers it with); and one that reaches
 the answer key another way than SQL of its own: a call into ``queue_core``
 at all (``Queue.metrics()`` and ``audit.read_metrics`` are the very key the
 answer is compared with), or ``queue_core`` run in a child process (the
@@ -27,7 +29,7 @@ from ...audit import Snapshot, snapshot
 from ...queue import Queue
 from .setup import fresh, malformed_cases, reference_cases, silent_and_transient
 from .verdicts import NOT_QUITE, SOLVED, NotAttempted, Verdict, checked, plain
-from .watch import Watched, watched
+from .watch import FILE_PRAGMAS, Watched, watched
 
 __all__ = ["check_5"]
 
@@ -79,7 +81,11 @@ def _trial(fn: Callable[[str], Any], queue: Queue, case: str) -> list[Problem]:
         witness.close()
     where = f"on '{case}'"
     problems = _answer_key(seen)   # first: how the answer was reached, whatever came of it
-    if seen.error is not None:
+    changes = [p for p in seen.pragmas if p.split("=", 1)[0].lower() in FILE_PRAGMAS
+               and p.lower().strip("'\"") != "journal_mode=wal"]  # the queue's own mode
+    if changes:
+        problems.append(_file_pragma(where, changes[0], seen.error))
+    elif seen.error is not None:
         problems.append((f"{where} your function raised {plain(seen.error)}",
                          "run it on q5.path in a cell of its own to see where it fails"))
     if seen.writes:
@@ -92,6 +98,23 @@ def _trial(fn: Callable[[str], Any], queue: Queue, case: str) -> list[Problem]:
     if not problems:
         problems += _result_problems(where, seen.result, expected, before)
     return problems
+
+
+def _file_pragma(where: str, pragma: str, error: BaseException | None) -> Problem:
+    """A pragma that asks SQLite to change the file itself (its journal mode, ...),
+    and, when it failed, why: SQLite changes a WAL file's journal mode only with
+    no other connection open on it, and the check holds one."""
+    name = pragma.split("=", 1)[0]
+    said = f"{where} your function ran `PRAGMA {pragma}`, which changes the file it measures " \
+           f"(its {name}), not only reads it"
+    locked = isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
+    if locked and name.lower() == "journal_mode":
+        said += (": SQLite changes a WAL file's journal mode only when no other connection "
+                 "has the file open, and the check holds one open, so it raised "
+                 f"{plain(error)}")
+    elif error is not None:
+        said += f", and it raised {plain(error)}"
+    return said, f"remove the PRAGMA and {_ONLY_READ}"
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

@@ -7,11 +7,19 @@ queue file, a **witness**: a file of entries, each signed (HMAC-SHA256) with
 a key that exists only in this kernel's memory. The first entry names the
 exercise and a random nonce, and signs a digest of the file's whole content
 (every row of every table). The queue that ``start_N`` hands out is a
-``WitnessedQueue``: every write transaction it runs, whatever the call,
-reads the content's digest under the write lock before and after its
-statements, and signs the pair. A worker process that a start's runner
-starts (exercise 6's naive worker) gets the key in its arguments and signs
-the same way; the exercise 7 consumers run in the kernel.
+``WitnessedQueue``: every write transaction it runs reads the content's
+digest under the write lock before and after its statements, and signs the
+pair, with the name of the package's call that opened it (``enqueue``,
+``claim_batch``, ``complete``, ... ``ENGINE_CALLS``). A transaction opened
+any other way, a bare ``with q.transaction() as c:`` of the learner's, is
+signed as ``sql``, with the tables its statements changed: SQL of one's
+own, even inside the queue's own transaction. A call whose handler is one
+of the learner's own, whose ``apply`` or ``fault`` (the methods given the
+ACK's connection) is not ``Handler``'s, is signed with that handler's name,
+since what such a method writes cannot be told from the ACK's own rows. A
+worker process that a start's runner starts (exercise 6's naive worker)
+gets the key in its arguments and signs the same way, its steps as
+``naive step``; the exercise 7 consumers run in the kernel.
 
 A check then asks three things of the file it is given:
 
@@ -20,12 +28,17 @@ A check then asks three things of the file it is given:
   learner's own ``Queue(...)`` or in an earlier kernel, is not;
 - does its content now have a digest that a witnessed call signed? A row
   written, changed or deleted with SQL of one's own has none;
+- did any transaction run SQL of one's own (``sql``), or a handler of one's
+  own that writes with the ACK's connection? Exercise 7's own ledger table
+  is an exception (``OWN_TABLES``): its check judges that table itself; and
+  exercise 6's naive steps are signed as its runner's (``signed_as``);
 - did every witnessed call start from a signed state? A hand edit followed
   by a call (which would sign the edited content) is recorded as such.
 
 What it cannot see: the key is in this kernel's memory, so code that reads
 it (or that runs the engine's own calls on a ``WitnessedQueue`` to reach a
-state) can sign anything; the witness proves that a state was reached
+state, or opens a transaction inside ``_calling`` as the course's runners do)
+can sign anything; the witness proves that a state was reached
 through the package's calls on the queue the start handed out, not which
 calls a learner meant to make. EXERCISES.md says so.
 """
@@ -38,17 +51,28 @@ import json
 import os
 import secrets
 import sqlite3
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from ...audit import CONTRAST_LEDGER
+from ...handler import Handler
 from ...queue import Queue
 from ...storage import connect_readonly, read_transaction
 
 _KEY = secrets.token_bytes(32)  # this kernel's: a new kernel (or process) has another
 _STARTED: dict[str, "Witness"] = {}  # queue file -> the witness of the start that built it last
 SUFFIX = ".witness"
+# The package's calls that write, each in write transactions of its own: a
+# transaction opened in any other way runs its caller's SQL.
+ENGINE_CALLS = ("enqueue", "claim_batch", "complete", "complete_and_claim", "complete_batch",
+                "fail", "release", "redrive", "extend", "prune")
+# The handler's methods that the ACK hands its connection to.
+HANDLER_HOOKS = ("apply", "fault")
+# The tables an exercise's own SQL may write (exercise 7's naive ledger, which
+# its check judges itself); every other table is the queue's.
+OWN_TABLES: dict[int, frozenset[str]] = {7: frozenset({CONTRAST_LEDGER})}
 
 
 @dataclass(frozen=True)
@@ -60,11 +84,13 @@ class Witness:
     nonce: str
     key: bytes = field(repr=False, default=_KEY)
 
-    def sign(self, kind: str, before: str, after: str, what: str | None = None) -> None:
-        """Append one signed entry: ``start``, ``call`` or ``tampered``; ``what`` names
-        the call where a check needs to know it (``enqueue``)."""
+    def sign(self, kind: str, before: str, after: str, **details: Any) -> None:
+        """Append one signed entry: ``start``, ``call`` (``what``: the package's call,
+        ``events``: an enqueue's event ids, ``handler``: a handler of the caller's
+        own), ``sql`` (``tables``: what SQL of the caller's own changed) or
+        ``tampered``."""
         entry = {"kind": kind, "exercise": self.exercise, "nonce": self.nonce,
-                 "before": before, "after": after, **({"what": what} if what else {})}
+                 "before": before, "after": after, **details}
         line = json.dumps({**entry, "mac": _mac(self.key, entry)}, sort_keys=True)
         with open(self.record, "a", encoding="utf-8") as out:
             out.write(line + "\n")
@@ -85,7 +111,7 @@ class Witness:
     def signed(self) -> set[str]:
         """The content digests that this start or a witnessed call left behind."""
         return {entry["after"] for entry in self.entries() or ()
-                if entry.get("kind") in ("start", "call") and self.genuine(entry)}
+                if entry.get("kind") in ("start", "call", "sql") and self.genuine(entry)}
 
     def spec(self) -> dict[str, Any]:
         """What a worker process needs to sign as this witness (JSON)."""
@@ -104,16 +130,34 @@ def _mac(key: bytes, entry: dict[str, Any]) -> str:
 def content_digest(conn: sqlite3.Connection) -> str:
     """SHA-256 of every row of every table of the file, in a fixed order."""
     digest = hashlib.sha256()
-    tables = [row[0] for row in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-        "ORDER BY name")]
-    for table in tables:
-        width = len(conn.execute(f'SELECT * FROM "{table}" LIMIT 0').description)
-        order = ", ".join(str(i) for i in range(1, width + 1))
+    for table in _tables(conn):
         digest.update(f"{table}\n".encode())
-        for row in conn.execute(f'SELECT * FROM "{table}" ORDER BY {order}'):
+        for row in _rows(conn, table):
             digest.update(repr(row).encode() + b"\n")
     return digest.hexdigest()
+
+
+def table_digests(conn: sqlite3.Connection) -> dict[str, str]:
+    """SHA-256 of each table's rows, by table name."""
+    digests = {}
+    for table in _tables(conn):
+        digest = hashlib.sha256()
+        for row in _rows(conn, table):
+            digest.update(repr(row).encode() + b"\n")
+        digests[table] = digest.hexdigest()
+    return digests
+
+
+def _tables(conn: sqlite3.Connection) -> list[str]:
+    return [row[0] for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY name")]
+
+
+def _rows(conn: sqlite3.Connection, table: str) -> Iterator[tuple[Any, ...]]:
+    width = len(conn.execute(f'SELECT * FROM "{table}" LIMIT 0').description)
+    order = ", ".join(str(i) for i in range(1, width + 1))
+    return iter(conn.execute(f'SELECT * FROM "{table}" ORDER BY {order}'))
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -128,33 +172,89 @@ def file_digest(path: str | os.PathLike[str]) -> str:
 
 
 class WitnessedQueue(Queue):
-    """A ``Queue`` whose every write transaction signs the content it found and left."""
+    """A ``Queue`` whose every write transaction signs the content it found and left,
+    and who opened it: one of the package's calls (``ENGINE_CALLS``), or the caller's
+    own SQL in a bare ``transaction()``."""
 
     def __init__(self, path: str | os.PathLike[str], *, witness: Witness, **options: Any) -> None:
         self.witness = witness
-        self._what: str | None = None
+        self._call: dict[str, Any] | None = None
         super().__init__(path, **options)
 
     def transaction(self, *, relaxed: bool = False) -> Any:
-        return self._witnessed(super().transaction(relaxed=relaxed))
-
-    def enqueue(self, batch: Any) -> Any:
-        """``Queue.enqueue``, its transaction signed as an enqueue (exercise 8 asks
-        whether a replay ran after the prune)."""
-        self._what = "enqueue"
-        try:
-            return super().enqueue(batch)
-        finally:
-            self._what = None
+        return self._witnessed(super().transaction(relaxed=relaxed), self._call)
 
     @contextmanager
-    def _witnessed(self, inner: Any) -> Iterator[sqlite3.Connection]:
+    def _calling(self, what: str, **details: Any) -> Iterator[None]:
+        """Sign the write transactions opened in the block as the call ``what`` (a call
+        inside another one is signed as the outer one). The course's own runners use
+        it for the steps they run (exercise 6's naive worker)."""
+        if self._call is not None:
+            yield
+            return
+        self._call = {"what": what, **details}
+        try:
+            yield
+        finally:
+            self._call = None
+
+    def enqueue(self, batch: Any) -> Any:
+        """``Queue.enqueue``, its transaction signed with the batch's event ids
+        (exercise 8 asks which event a replay after the prune carried)."""
+        events = [getattr(event, "event_id", None) for event in getattr(batch, "events", ())]
+        with self._calling("enqueue", events=events):
+            return super().enqueue(batch)
+
+    @contextmanager
+    def _witnessed(self, inner: Any, call: dict[str, Any] | None) -> Iterator[sqlite3.Connection]:
         with inner as conn:
             before = content_digest(conn)  # under the write lock: nobody changes it meanwhile
             if before not in self.witness.signed():
                 self.witness.sign("tampered", before, before)
+            tables = table_digests(conn) if call is None else {}
             yield conn
-            self.witness.sign("call", before, content_digest(conn), self._what)
+            after = content_digest(conn)
+            if call is not None:
+                self.witness.sign("call", before, after, **call)
+                return
+            now = table_digests(conn)
+            changed = sorted(t for t in set(tables) | set(now) if tables.get(t) != now.get(t))
+            self.witness.sign("sql", before, after, tables=changed)
+
+
+def _signed_as(name: str) -> Callable[..., Any]:
+    """``Queue.<name>``, its write transactions signed as that call (with the handler's
+    name where the handler is one of the caller's own)."""
+    engine = getattr(Queue, name)
+    acks = name.startswith("complete")  # (lease or leases, handler)
+
+    def call(self: WitnessedQueue, *args: Any, **kwargs: Any) -> Any:
+        handler = kwargs.get("handler", args[1] if len(args) > 1 else None) if acks else None
+        with self._calling(name, **own_handler(handler)):
+            return engine(self, *args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``Queue.{name}``, its write transactions signed as ``{name}``."
+    return call
+
+
+for _name in ENGINE_CALLS:
+    if _name != "enqueue":
+        setattr(WitnessedQueue, _name, _signed_as(_name))
+
+
+def own_handler(handler: Any) -> dict[str, Any]:
+    """What a call's entry says of a handler that is not the course's ``Handler``:
+    its class's name, and which of ``HANDLER_HOOKS`` (the methods given the ACK's
+    connection) it does not take from ``Handler`` (nothing for the course's own)."""
+    if handler is None:
+        return {}
+    own = getattr(handler, "__dict__", {}).keys() & {*HANDLER_HOOKS, "effect_of"}  # set on it
+    if type(handler) is Handler and not own:
+        return {}
+    hooks = [hook for hook in HANDLER_HOOKS
+             if getattr(getattr(handler, hook, None), "__func__", None)
+             is not getattr(Handler, hook)]
+    return {"handler": type(handler).__name__, "hooks": hooks}
 
 
 def queue_signing_as(witness: Witness | None, path: str | os.PathLike[str],
@@ -163,6 +263,13 @@ def queue_signing_as(witness: Witness | None, path: str | os.PathLike[str],
     if witness is None:
         return Queue(path, **options)
     return WitnessedQueue(path, witness=witness, **options)
+
+
+def signed_as(queue: Queue, what: str) -> AbstractContextManager[None]:
+    """``queue._calling(what)`` on a ``WitnessedQueue``; nothing on another queue. For the
+    course's own runners: the steps they run are the exercise's route, not SQL of the
+    learner's own around it."""
+    return queue._calling(what) if isinstance(queue, WitnessedQueue) else nullcontext()
 
 
 def record_path(path: str | os.PathLike[str]) -> str:
@@ -199,7 +306,7 @@ def _key(path: str | os.PathLike[str]) -> str:
 class Refused:
     """Why a check does not accept the file's contents as the learner's work."""
 
-    kind: str       # foreign, rebuilt, record, tampered
+    kind: str       # foreign, rebuilt, record (a check stops there); sql, handler, tampered
     what: str
     next_step: str
 
@@ -231,6 +338,23 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
     if not all(witness.genuine(entry) for entry in entries):
         return Refused("record", f"{mine}'s witness was edited: an entry's signature does "
                        "not match", again)
+    own = own_sql(entries, exercise)
+    if own:
+        return Refused("sql", f"{mine}'s file was changed by SQL of your own, run inside "
+                       f"`{mine}.transaction()` (it changed the table"
+                       f"{'s' if len(own) > 1 else ''} {', '.join(own)}): a transaction you open "
+                       "yourself is not one of the package's calls, though it runs on "
+                       f"{mine}", again)
+    handlers = sorted({(entry["handler"], hook) for entry in entries if entry["kind"] == "call"
+                       for hook in entry.get("hooks", ())})
+    if handlers:
+        name, hooks = handlers[0][0], [hook for n, hook in handlers if n == handlers[0][0]]
+        return Refused("handler", f"a handler of your own ({name}, whose "
+                       f"{' and '.join(hooks)} {'is' if len(hooks) == 1 else 'are'} not "
+                       f"Handler's) ran inside {mine}'s ACK with the ACK's connection, so what "
+                       "it wrote there cannot be told from the package's own work",
+                       f"run `start_{exercise}` again ({start}) and process with the course's "
+                       "Handler (`Handler()`, or `Handler().supporting(...)`)")
     if any(entry["kind"] == "tampered" for entry in entries):
         return Refused("tampered", f"{mine}'s file was changed around the package's calls "
                        f"before a later call on {mine} (SQL of your own, or a Queue of your own "
@@ -240,3 +364,29 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
                        f"since the last call on {mine} (SQL of your own, or a Queue of your own "
                        "on its file)", again)
     return None
+
+
+def own_sql(entries: list[dict[str, Any]], exercise: int) -> list[str]:
+    """The queue's tables that SQL of the caller's own changed (``sql`` entries),
+    the exercise's own tables (``OWN_TABLES``) aside."""
+    allowed = OWN_TABLES.get(exercise, frozenset())
+    return sorted({table for entry in entries if entry["kind"] == "sql"
+                   for table in entry.get("tables", ()) if table not in allowed})
+
+
+def handlers_used(path: str | os.PathLike[str]) -> list[str]:
+    """The names of the handlers of the caller's own that the signed calls on the file
+    at ``path`` ran (in the order first used): none for the course's ``Handler``."""
+    witness = _STARTED.get(_key(path))
+    entries = witness.entries() or [] if witness is not None else []
+    return list(dict.fromkeys(entry["handler"] for entry in entries
+                              if entry.get("kind") == "call" and "handler" in entry))
+
+
+def calls_made(path: str | os.PathLike[str]) -> list[str]:
+    """The names of the package's calls signed on the file at ``path`` since its start,
+    in order (a call that changed nothing included: a claim that found nothing due)."""
+    witness = _STARTED.get(_key(path))
+    entries = witness.entries() or [] if witness is not None else []
+    return [entry.get("what", "") for entry in entries
+            if entry.get("kind") == "call" and witness is not None and witness.genuine(entry)]

@@ -74,8 +74,10 @@ def check_8(queue: Any, replay: Any = None) -> Verdict:
         if not found:
             _replayed_on_a_copy(queue, found)
         return found.verdict("E0001's payload and journal are gone and its key, digest, effect "
-                             "and compacted record kept; the replay of E0001 was a duplicate "
-                             "(inserted 0, duplicates 1) and the money did not move: "
+                             "and compacted record kept; the replay of E0001 on q8 after the "
+                             "prune (an enqueue of E0001's line, which q8's witness records) "
+                             "was a duplicate (inserted 0, duplicates 1) and the money did not "
+                             "move: "
                              f"{figures(world.status)}")
     return checked(8, body)
 
@@ -140,16 +142,24 @@ def _replayed_on_a_copy(queue: Any, found: Findings) -> None:
 
 
 def _replayed_after_the_prune(queue: Any, found: Findings) -> None:
-    """The learner's own replay ran on q8 after its last change (the prune), and
-    changed nothing: its witness holds an enqueue that found and left the same
-    content, after the last call that changed it."""
+    """The learner's own replay of E0001 ran on q8 after its last change (the
+    prune), and changed nothing: its witness holds an enqueue of E0001's line
+    alone that found and left the same content, after the last call that
+    changed it."""
     witness = getattr(queue, "witness", None)
     calls = [entry for entry in (witness.entries() or []) if entry.get("kind") == "call"
              and witness.genuine(entry)] if witness is not None else []
     changed = max((i for i, entry in enumerate(calls) if entry["before"] != entry["after"]),
                   default=-1)
-    if any(entry.get("what") == "enqueue" and entry["before"] == entry["after"]
-           for entry in calls[changed + 1:]):
+    replays = [entry.get("events") or [] for entry in calls[changed + 1:]
+               if entry.get("what") == "enqueue" and entry["before"] == entry["after"]]
+    if ["E0001"] in replays:
+        return
+    if replays:
+        carried = ", ".join(sorted({event for events in replays for event in events})) or "none"
+        found.add(f"the replay after the prune carried {carried}, not E0001's line alone: the "
+                  "exercise asks whether E0001, pruned, is still known as a duplicate",
+                  "replay E0001's own line on q8: `replay_8 = q8.enqueue_jsonl(E0001_LINE)`")
         return
     found.add("no replay of E0001 ran on q8 after its prune: the replay must meet the pruned "
               "file (a replay before the prune proves nothing about retention, and a result "

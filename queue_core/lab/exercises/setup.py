@@ -28,7 +28,7 @@ from ...handler import Handler
 from ...queue import Queue
 from ...worker import drain, process_one
 from ..story.scenario import DEMO_JSONL, LEASE_SECONDS, START
-from .provenance import Witness, forget, hand_out, queue_signing_as
+from .provenance import Witness, forget, hand_out, queue_signing_as, signed_as
 
 E0001_PAYLOAD = '{"amount_cents":10000,"category":"book"}'  # E0001 as stored (canonical)
 _DEMO_LINES = DEMO_JSONL.splitlines()
@@ -379,8 +379,8 @@ def naive_worker(spec: dict[str, Any]) -> int:
     try:
         with queue.session():
             for number, sql in enumerate(spec["steps"], start=1):
-                with queue.transaction() as conn:  # each step commits on its own: the naive part
-                    conn.execute(sql, params)
+                with signed_as(queue, "naive step"), queue.transaction() as conn:
+                    conn.execute(sql, params)  # each step commits on its own: the naive part
                 print(json.dumps({"committed": number}), flush=True)
                 if number == spec["crash_after"]:
                     os._exit(CRASH_EXIT_CODE)  # a real death: no finally, no cleanup

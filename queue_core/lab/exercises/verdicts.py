@@ -21,7 +21,7 @@ from ...audit import Snapshot, check, snapshot
 from ...errors import QueueError, UnusableFile
 from ...queue import Queue
 from ...storage import inspect
-from .provenance import provenance
+from .provenance import handlers_used, provenance
 from .setup import STARTS
 
 SOLVED, NOT_QUITE, NOT_ATTEMPTED = "solved", "not_quite", "not_attempted"
@@ -157,7 +157,8 @@ def read(target: Any, number: int) -> Snapshot:
     if kind != "queue":
         raise Stop("that file holds no queue yet", again)
     refused = provenance(path, number, target)
-    if refused is not None and refused.kind != "tampered":  # that one joins the findings
+    if refused is not None and refused.kind in ("foreign", "rebuilt", "record"):
+        # the others (own SQL, an own handler, a hand edit) join the findings
         raise Stop(refused.what, refused.next_step)
     return snapshot(path)
 
@@ -236,13 +237,19 @@ def compare(world: Snapshot, total: int, effects: int, expected: Mapping[str, in
 
 
 def bypassed(world: Snapshot, found: Findings, queue: Any, *,
-             ignore: Callable[[Any], bool] = lambda f: False, audit: bool = True) -> None:
+             ignore: Callable[[Any], bool] = lambda f: False, audit: bool = True,
+             first: bool = True) -> None:
     """What the witness and the shared audit find: a change made around the package's
     calls on the start's queue (``provenance``: any row written, changed or deleted
     with SQL of one's own, even in the engine's exact shape), and the invariants it
     broke (an edited effect, an effect written without a worker, a state the
     journal never recorded). A right total reached that way is not a solution.
-    ``audit=False`` where the exercise's own runner breaks invariants on purpose."""
+    Where the witness finds only the package's calls, the audit's findings are
+    said as what they are: the calls' own doing, with a handler of the learner's
+    own named when they ran one (an effect its payload does not say).
+    ``audit=False`` where the exercise's own runner breaks invariants on purpose;
+    ``first=False`` where the check has named the same writes already, with their
+    reason and next step."""
     refused = provenance(path_of(queue), found.number, queue)
     problems = [f for f in check(world) if not ignore(f)] if audit else []
     if refused is None and not problems:
@@ -251,11 +258,22 @@ def bypassed(world: Snapshot, found: Findings, queue: Any, *,
     if refused is not None:
         what = f"a hand edit: {refused.what}" + (f"; the audit also found {audited}"
                                                  if audited else "")
-        found.add(what, refused.next_step, first=True)
+        found.add(what, refused.next_step, first=first)
         return
-    found.add(f"a hand edit: the audit found {audited} (a change made around the protocol, with "
-              "SQL of your own)", f"run `start_{found.number}` again and change the queue only "
-              "through its calls", first=True)
+    mine = f"q{found.number}"
+    own = handlers_used(path_of(queue))
+    if own:  # no SQL of one's own: what the calls were given made those rows
+        differs = any(f.name == "effect_differs" for f in problems)
+        found.add(f"the audit found {audited}: every change came through {mine}'s calls, and "
+                  f"they ran a handler of your own ({', '.join(own)}, not the course's Handler)"
+                  + (", whose effects are not what their payloads say" if differs else ""),
+                  f"run `start_{found.number}` "
+                  "again and process with the course's Handler (`Handler()`, or "
+                  "`Handler().supporting(...)`): an effect is what its payload says", first=True)
+        return
+    found.add(f"the audit found {audited}, though every change came through {mine}'s calls",
+              f"run `start_{found.number}` again and change the queue only through its calls",
+              first=True)
 
 
 def nudge(world: Snapshot, found: Findings, worker: str) -> None:

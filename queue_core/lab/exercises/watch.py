@@ -15,7 +15,10 @@ runs: the check judges afterwards, from what was seen.
   writes to a database file (``INSERT``, ``UPDATE``, ``DELETE``, ``CREATE``,
   ``DROP``, ``ALTER``, ...; a TEMP table is no file) and allows it: the
   statement runs as written. It sees an ``UPDATE`` that changes no value too,
-  which leaves no trace in the file. The authorizers are removed afterwards.
+  which leaves no trace in the file. It records each ``PRAGMA`` given a
+  value as well (``PRAGMA journal_mode=DELETE``): a pragma that sets
+  something of the file (``FILE_PRAGMAS``) is a write too. The authorizers
+  are removed afterwards.
 - Child processes: an audit hook (``sys.addaudithook``) records
   ``subprocess.Popen``, ``os.system``, ``os.posix_spawn``, ``os.exec`` and
   ``os.spawn`` events with their command lines. An audit hook cannot be
@@ -52,6 +55,9 @@ _WRITE_ACTIONS = {getattr(sqlite3, name): verb for name, verb in (
     ("SQLITE_DROP_VIEW", "DROP VIEW"), ("SQLITE_DROP_VTABLE", "DROP VIRTUAL TABLE"),
     ("SQLITE_ALTER_TABLE", "ALTER TABLE"), ("SQLITE_REINDEX", "REINDEX"),
     ("SQLITE_ANALYZE", "ANALYZE")) if hasattr(sqlite3, name)}
+# The pragmas that, given a value, change the database file itself (not the connection).
+FILE_PRAGMAS = frozenset({"journal_mode", "user_version", "application_id", "auto_vacuum",
+                          "page_size", "schema_version"})
 _watches: dict[int, "Watched"] = {}   # thread id -> the watch on in that thread
 _hooked = False
 
@@ -66,11 +72,16 @@ class Watched:
     error: BaseException | None = None
     entered: list[str] = field(default_factory=list)
     writes: list[str] = field(default_factory=list)
+    pragmas: list[str] = field(default_factory=list)  # each given a value: "journal_mode=DELETE"
     children: list[tuple[str, str]] = field(default_factory=list)  # (as run, as shown)
     _connections: dict[int, sqlite3.Connection] = field(default_factory=dict, repr=False)
 
     def authorize(self, action: int, first: Any, second: Any, database: Any, _: Any) -> int:
         """SQLite's authorizer: note a write to a database file, allow everything."""
+        if action == sqlite3.SQLITE_PRAGMA and second is not None:
+            said = f"{first}={second}"
+            if said not in self.pragmas:
+                self.pragmas.append(said)
         verb = _WRITE_ACTIONS.get(action)
         name = second if action == getattr(sqlite3, "SQLITE_ALTER_TABLE", None) else first
         if verb and database != "temp" and not str(name or "").startswith("sqlite_"):
