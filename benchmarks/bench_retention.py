@@ -468,7 +468,7 @@ def step_times() -> Iterator[dict[str, float]]:
     points (``migrate.after_begin``: the step holds its transaction, on SQLite the
     write lock; ``migrate.after_commit``: released). Measurement only: each point
     still does what it does (nothing, unless armed)."""
-    from queue_core import postgres
+    from queue_core.postgres import store as postgres
 
     seen: dict[str, float] = {}
     originals = (storage.crash_point, postgres.crash_point)

@@ -57,7 +57,8 @@ from typing import Any, Iterable, Mapping
 from .errors import InvalidPayload
 from .handler import Handler
 from .ingest import payload_digest
-from .storage import has_table, too_new
+from .marks import too_new
+from .storage import has_table
 from .stores import open_store
 from .transitions import EXPIRED
 from .values import Compacted, Effect, Message, Metrics, State, Status, Transition

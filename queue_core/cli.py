@@ -334,7 +334,7 @@ def _is_connection_lost(exc: Exception) -> bool:
     terminated backend, a network drop), as opposed to a refused statement."""
     if sys.modules.get("psycopg") is None:
         return False
-    from .pgsession import session_ended
+    from .postgres.session import session_ended
     return session_ended(exc)
 
 

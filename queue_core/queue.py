@@ -34,7 +34,8 @@ from .clock import Clock, SystemClock
 from .crashpoints import crash_point
 from .errors import BatchConflict, NotRedrivable, UnknownEvent
 from .ingest import EVENT_ID, Batch, parse_batch, payload_digest, read_batch
-from .storage import SYNCHRONOUS_MODES, refuse_other_version
+from .marks import refuse_other_version
+from .storage import SYNCHRONOUS_MODES
 from .stores import open_store
 from .transitions import (CLAIM, DUE, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss,
                           picking, write_journal)

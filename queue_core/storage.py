@@ -31,6 +31,8 @@ from urllib.parse import quote
 from .crashpoints import crash_point
 from .errors import UnusableFile
 
+from .marks import APPLICATION_ID, no_such_version, refuse_other_version, too_new
+
 try:
     import fcntl
 except ImportError:  # not a POSIX system: no file locks of an open file's own
@@ -49,7 +51,6 @@ PAGE_SIZE = 1024
 # rewrites every page the WAL holds: keep the default's 4 MB between them.
 CHECKPOINT_PAGES = 4 * 1024 * 1024 // PAGE_SIZE
 BUSY_TIMEOUT_SECONDS = 30.0
-APPLICATION_ID = 0x51435545  # "QCUE" in the header's bytes 68-71: this is a queue file
 SCHEMA_VERSION = 2           # PRAGMA user_version of the schema below; ``migrations``
                              # upgrades a file of every earlier version to it
 
@@ -556,36 +557,6 @@ def schema_version(path: str | os.PathLike[str]) -> int:
     return _identity(os.fspath(path))[1]
 
 
-def too_old(where: str, version: int, current: int = SCHEMA_VERSION) -> UnusableFile:
-    """The refusal of a write to a queue of an earlier schema version than
-    ``current``, the one this engine writes on that store."""
-    return UnusableFile("schema_too_old", f"{where} has queue schema version {version}; this "
-                        f"version of queue_core writes version {current}: run "
-                        "`queue-core migrate` first (reading commands read it as it is)")
-
-
-def too_new(where: str, version: int, current: int = SCHEMA_VERSION) -> UnusableFile:
-    """The refusal of a queue of a later schema version than ``current``: a
-    later version of this package made it, and this one must not write it."""
-    return UnusableFile("schema_too_new", f"{where} has queue schema version {version}; "
-                        f"this version of queue_core knows {current} (upgrade it)")
-
-
-def no_such_version(where: str, version: int) -> UnusableFile:
-    """The refusal of a queue's mark with a version no release writes (they start at 1)."""
-    return UnusableFile("not_a_queue", f"{where} carries the queue's mark with schema version "
-                        f"{version}, which no version of queue_core writes (versions start "
-                        "at 1): it was not made by queue_core, or its mark was edited")
-
-
-def refuse_other_version(where: str, version: int, current: int = SCHEMA_VERSION) -> None:
-    """Raise ``schema_too_old`` or ``schema_too_new`` unless ``version`` is ``current``."""
-    if version < current:
-        raise too_old(where, version, current)
-    if version > current:
-        raise too_new(where, version, current)
-
-
 def inspect(path: str | os.PathLike[str]) -> str:
     """``queue``, ``new`` (missing or empty) or raise ``UnusableFile``; writes nothing.
 
@@ -613,7 +584,7 @@ def inspect(path: str | os.PathLike[str]) -> str:
         if version < 1:
             raise no_such_version(name, version)
         if version > SCHEMA_VERSION:
-            raise too_new(name, version)
+            raise too_new(name, version, SCHEMA_VERSION)
         if os.path.exists(f"{name}-journal"):  # perhaps hot: read once it is rolled back
             return "queue"
         try:

@@ -77,7 +77,7 @@ def power_loss_is_swept_by_a_test() -> None:
 def postgres_is_a_store() -> None:
     from queue_core.stores import open_store
     store = open_store("postgresql://shop@db.example/shop")  # connects only when used
-    assert store.name == "postgres" and type(store).__module__ == "queue_core.postgres"
+    assert store.name == "postgres" and type(store).__module__ == "queue_core.postgres.store"
 
 
 def several_hosts_share_the_servers_clock() -> None:
@@ -107,7 +107,7 @@ def a_stop_gives_back_what_was_claimed_ahead() -> None:
 
 
 def postgres_sessions_bound_lock_waits_and_stalled_transactions() -> None:
-    from queue_core.pgsession import SESSION_SETTINGS, TRANSACTION_TIMEOUT_SINCE, session_options
+    from queue_core.postgres.session import SESSION_SETTINGS, TRANSACTION_TIMEOUT_SINCE, session_options
     options = session_options("")
     assert "-c lock_timeout=" in options and "-c idle_in_transaction_session_timeout=" in options
     assert "-c tcp_keepalives_idle=" in options and SESSION_SETTINGS["tcp_user_timeout"]
@@ -252,13 +252,14 @@ class Codes:
 
 
 def engine_codes() -> Codes:
-    """Codes from the engine's source (``queue_core/*.py``, not the lab): a class's
+    """Codes from the engine's source (``queue_core/``, its store packages, not the lab): a class's
     ``code = "..."`` (unless its ``__init__`` takes the code), the code given to
     ``BatchRejected``, ``LeaseLost``, ``UnusableFile`` or ingest's ``reject``, and the
     ``error: CODE:`` lines of the command line."""
     by_file: dict[str, set[str]] = {}
     unusable: set[str] = set()
-    for path in sorted((ROOT / "queue_core").glob("*.py")):
+    engine = ROOT / "queue_core"
+    for path in sorted(p for p in engine.rglob("*.py") if p.relative_to(engine).parts[0] != "lab"):
         found = by_file.setdefault(path.name, set())
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and _called(node) in RAISERS and node.args \

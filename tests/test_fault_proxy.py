@@ -16,7 +16,7 @@ import pytest
 
 from queue_core.errors import ConnectionLost
 from queue_core.lab.servers.faultproxy import Fault, FaultProxy
-from queue_core.pgsession import (KEEPALIVE_COUNT, KEEPALIVE_IDLE_SECONDS,
+from queue_core.postgres.session import (KEEPALIVE_COUNT, KEEPALIVE_IDLE_SECONDS,
                                   KEEPALIVE_INTERVAL_SECONDS, TCP_USER_TIMEOUT_MS)
 from queue_core.postgres import PostgresStore
 

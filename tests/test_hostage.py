@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from queue_core.lab.sweeps.hostage import hold_hostage
-from queue_core.pgsession import TRANSACTION_TIMEOUT_MS
+from queue_core.postgres.session import TRANSACTION_TIMEOUT_MS
 
 BOUND = TRANSACTION_TIMEOUT_MS / 1000
 # Real seconds beyond the bound that polling and process scheduling may add.

@@ -28,9 +28,9 @@ from queue_core.lab.lifetime.earlier import V1_STORY
 from queue_core import (BatchRejected, Handler, ModelClock, Queue, UnusableFile, audit, drain,
                         migrate, postgres)
 from queue_core.crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
-from queue_core.storage import APPLICATION_ID
+from queue_core.marks import APPLICATION_ID
 
-SCHEMA_VERSION = postgres.SCHEMA_VERSION  # 3: schema 2's tables and the step's function
+SCHEMA_VERSION = postgres.SCHEMA_VERSION  # 4: schema 2's tables and the step's function
 # 1 -> 2 rewrites the five messages; 2 -> 3 adds a function, 3 -> 4 replaces it
 BOTH_STEPS = ((1, 5), (2, 0), (3, 0))
 
@@ -261,7 +261,7 @@ def test_a_running_worker_of_the_earlier_engine_is_refused_loudly_or_stays_corre
 
 def test_a_session_holding_a_lock_on_messages_blocks_migrate_which_changes_nothing(
         schema1: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(postgres, "MIGRATION_LOCK_TIMEOUT", "300ms")
+    monkeypatch.setattr(postgres.store, "MIGRATION_LOCK_TIMEOUT", "300ms")
     before = schema_state(schema1)
     with psycopg.connect(schema1) as holder:  # a worker stalled inside its transaction
         holder.execute("SELECT state FROM messages WHERE event_id = 'E0005' FOR UPDATE")
@@ -283,8 +283,9 @@ def test_the_cli_says_migration_blocked_in_one_line(schema1: str) -> None:
         holder.execute("LOCK TABLE messages IN ACCESS SHARE MODE")
         done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
             import sys
-            from queue_core import cli, postgres
-            postgres.MIGRATION_LOCK_TIMEOUT = "200ms"
+            from queue_core import cli
+            from queue_core.postgres import store
+            store.MIGRATION_LOCK_TIMEOUT = "200ms"
             raise SystemExit(cli.main(["--db", sys.argv[1], "migrate"]))
             """), schema1], capture_output=True, text=True, timeout=60, cwd=ROOT)
         holder.rollback()
@@ -477,9 +478,9 @@ def test_a_step_longer_than_a_workers_transaction_limit_still_completes(
     lifts that limit for its own transaction. A step made slower than the limit
     completes, and the queue is version 4."""
     with psycopg.connect(schema1) as conn:
-        if conn.info.server_version < postgres.TRANSACTION_TIMEOUT_SINCE:
+        if conn.info.server_version < postgres.session.TRANSACTION_TIMEOUT_SINCE:
             pytest.skip("this server has no transaction_timeout (PostgreSQL 16 and older)")
-    monkeypatch.setattr(postgres, "TRANSACTION_TIMEOUT_MS", 300)
+    monkeypatch.setattr(postgres.store, "TRANSACTION_TIMEOUT_MS", 300)
     monkeypatch.setitem(postgres.POSTGRES_STEPS, 1,
                         ("SELECT pg_sleep(0.8)", *postgres.POSTGRES_STEPS[1]))
     assert migrate(schema1).steps == BOTH_STEPS

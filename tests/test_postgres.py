@@ -24,7 +24,8 @@ from queue_core import (Handler, LeaseLost, ModelClock, NotRedrivable, Queue, Un
                         audit)
 from queue_core.lab.story.child import open_gate, reap
 from pg import with_lock_timeout
-from queue_core.postgres import DatabaseClock, PostgresStore, _placeholders
+from queue_core.postgres import DatabaseClock, PostgresStore
+from queue_core.postgres.connection import _placeholders
 from queue_core.transitions import CLAIM, DUE, REDRIVE, picking
 
 pytestmark = pytest.mark.usefixtures("pg_dsn")

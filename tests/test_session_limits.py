@@ -17,7 +17,7 @@ import pytest
 from pg import with_lock_timeout
 from queue_core import Handler, ModelClock, Queue, audit, finish
 from queue_core.errors import ConnectionLost
-from queue_core.pgsession import (LOCK_TIMEOUT_MS, SESSION_SETTINGS, TRANSACTION_TIMEOUT_MS,
+from queue_core.postgres.session import (LOCK_TIMEOUT_MS, SESSION_SETTINGS, TRANSACTION_TIMEOUT_MS,
                                   TRANSACTION_TIMEOUT_SINCE)
 from queue_core.postgres import PostgresStore
 

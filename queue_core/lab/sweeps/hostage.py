@@ -36,7 +36,7 @@ from pathlib import Path
 from ... import audit
 from ...clock import ModelClock
 from ...handler import Handler
-from ...pgsession import TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE
+from ...postgres.session import TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE
 from ...queue import Queue
 from ..servers.faultproxy import Fault, FaultProxy
 from ..servers.postgres_server import drop_schema, fresh_schema

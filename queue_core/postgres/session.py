@@ -1,6 +1,6 @@
 """What bounds a PostgreSQL session, and how its end reaches the caller.
 
-``postgres`` opens every connection with these limits (``SESSION_SETTINGS``
+``PostgresStore`` opens every connection with these limits (``SESSION_SETTINGS``
 in the startup packet, ``transaction_timeout`` by ``SET`` where the server
 has it, ``CLIENT_SETTINGS`` as libpq's own parameters), and translates the
 driver's errors with ``raise_translated``: a session that ended is
@@ -13,7 +13,7 @@ import re
 
 import psycopg
 
-from .errors import ConnectionLost, LockTimeout
+from ..errors import ConnectionLost, LockTimeout
 
 # What bounds a session, and why each value (all real seconds, the server's
 # and the kernel's, never the queue's model clock). Every transaction the

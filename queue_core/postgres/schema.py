@@ -1,0 +1,126 @@
+"""The queue's schema on PostgreSQL: the SQLite schema's meaning in PostgreSQL's words.
+
+Tables, constraints, indexes and the mark of the current schema version
+(``SCHEMA_VERSION``), as ``PostgresStore.prepare`` creates them; the texts
+of earlier versions' indexes stay here because a migration step
+(``migrations``) builds them. The worker's step, a function of the schema,
+is ``step``.
+"""
+
+from __future__ import annotations
+
+from ..marks import APPLICATION_ID
+from ..transitions import EXPIRED, LIVE
+
+# The schema version a PostgreSQL queue has: 2 as SQLite's, the worker's step as
+# a function of the schema (3), and that step holding the stored payload to the
+# digest kept from enqueue on (4). Each store counts its own versions: a SQLite
+# file has no use for a server-side function, and is not rewritten for one.
+# ``migrations`` upgrades a schema of every earlier version to it.
+SCHEMA_VERSION = 4
+
+META_TABLE = "queue_core_meta"
+
+# The index and the table that schema version 2 added (``migrations`` adds them
+# to a version-1 schema), as in the SQLite schema.
+LIVE_INDEX = ("CREATE INDEX messages_live ON messages "
+              "(state, available_at, event_id, lease_until, finished_at) "
+              "WHERE payload IS NOT NULL")
+# Schema 3's two indexes in its place. An UPDATE here writes a new version of the
+# row and new index entries; the entries of the old version stay until VACUUM, or
+# until an index scan that reaches them finds the version dead and marks them.
+# In ``messages_live`` the leased entries sat in due order, so the claim's read
+# of expired leases walked every leased entry since the last VACUUM, the dead
+# ones of every finished message included, and visited the heap for each whose
+# deadline had passed: a claim grew slower with every message done. Leases now
+# have an index of their own, in deadline order, and that read starts at the
+# earliest deadline still held (``EXPIRED_READ``): the dead entries before it are
+# marked once and passed over after, the live ones after now never reached.
+# ``messages_live`` keeps the ready
+# rows in due order and the done rows for retention; a claim writes an entry into
+# ``messages_leased`` instead, so a message still writes two index entries per
+# change of state.
+LIVE_INDEX_3 = ("CREATE INDEX messages_live ON messages (state, available_at, event_id, "
+                "finished_at) WHERE payload IS NOT NULL AND state <> 'leased'")
+LEASED_INDEX = ("CREATE INDEX messages_leased ON messages (lease_until) "
+                "WHERE state = 'leased' AND payload IS NOT NULL")
+# The claim's read of expired leases (``transitions.EXPIRED``), from the earliest
+# deadline of a lease still held. ``min`` is read by an ordered scan of
+# ``messages_leased`` from its first entry, which marks each dead entry it passes
+# (a finished message's old lease) so that no later scan visits that version
+# again, and stops at the first live one; the read itself then covers only the
+# deadlines from there to now, which is no entry at all while every lease held
+# is still running.
+EXPIRED_READ = (f"{EXPIRED} AND lease_until >= (SELECT min(lease_until) FROM messages "
+                f"WHERE state = 'leased' AND {LIVE})")
+COMPACTED_TABLE = """CREATE TABLE compacted (
+    event_id     text PRIMARY KEY REFERENCES messages (event_id),
+    enqueued_at  bigint NOT NULL,
+    claims       bigint NOT NULL CONSTRAINT claimed_at_least_once CHECK (claims >= 1),
+    redrives     bigint NOT NULL CONSTRAINT redrives_counted CHECK (redrives >= 0),
+    steps        bigint NOT NULL CONSTRAINT steps_counted CHECK (steps >= claims + 2),
+    category     text NOT NULL,
+    amount_cents bigint NOT NULL
+)"""
+
+# The SQLite schema's meaning, constraint for constraint, in PostgreSQL's words.
+SCHEMA = f"""
+CREATE TABLE messages (
+    event_id     text PRIMARY KEY
+                 CONSTRAINT event_id_shape CHECK (event_id ~ '^E[0-9]{{4}}$'),
+    payload      text CONSTRAINT payload_is_json
+                 CHECK (payload IS NULL OR payload::json IS NOT NULL),
+    payload_sha256 bytea NOT NULL
+                 CONSTRAINT payload_sha256_shape CHECK (length(payload_sha256) = 32),
+    state        text NOT NULL DEFAULT 'ready'
+                 CONSTRAINT state_valid CHECK (state IN ('ready', 'leased', 'done', 'dead')),
+    attempts     bigint NOT NULL DEFAULT 0 CONSTRAINT attempts_valid CHECK (attempts >= 0),
+    generation   bigint NOT NULL DEFAULT 0
+                 CONSTRAINT generation_counts_every_claim CHECK (generation >= attempts),
+    available_at bigint NOT NULL,
+    lease_until  bigint,
+    last_error   text,
+    finished_at  bigint,
+    CONSTRAINT lease_until_iff_leased CHECK ((state = 'leased') = (lease_until IS NOT NULL)),
+    CONSTRAINT leased_was_claimed CHECK (state <> 'leased' OR attempts >= 1),
+    CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL),
+    CONSTRAINT finished_at_iff_done CHECK ((state = 'done') = (finished_at IS NOT NULL)),
+    CONSTRAINT pruned_only_when_done CHECK (payload IS NOT NULL OR state = 'done')
+);
+{LIVE_INDEX_3};
+{LEASED_INDEX};
+CREATE TABLE effects (
+    event_id     text PRIMARY KEY REFERENCES messages (event_id),
+    category     text NOT NULL CONSTRAINT category_named CHECK (length(category) > 0),
+    amount_cents bigint NOT NULL
+                 CONSTRAINT amount_in_range CHECK (amount_cents BETWEEN 1 AND 9999999)
+);
+CREATE TABLE transitions (
+    seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at         bigint NOT NULL,
+    event_id   text NOT NULL REFERENCES messages (event_id),
+    from_state text CONSTRAINT from_valid
+               CHECK (from_state IN ('ready', 'leased', 'done', 'dead')),
+    to_state   text NOT NULL
+               CONSTRAINT to_valid CHECK (to_state IN ('ready', 'leased', 'done', 'dead')),
+    generation bigint NOT NULL,
+    attempts   bigint NOT NULL,
+    reason     text NOT NULL,
+    CONSTRAINT legal_edge CHECK (CASE
+        WHEN from_state IS NULL THEN to_state = 'ready'
+        WHEN from_state = 'ready' THEN to_state = 'leased'
+        WHEN from_state = 'leased' THEN to_state IN ('done', 'ready', 'dead')
+        WHEN from_state = 'dead' THEN to_state = 'ready'
+        ELSE FALSE END)
+);
+{COMPACTED_TABLE};
+CREATE TABLE {META_TABLE} (
+    application_id bigint NOT NULL,
+    schema_version integer NOT NULL
+);
+INSERT INTO {META_TABLE} (application_id, schema_version)
+    VALUES ({APPLICATION_ID}, {SCHEMA_VERSION})
+"""
+
+_TABLES_HERE = ("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                "ORDER BY tablename")
