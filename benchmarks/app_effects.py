@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:  # run from a checkout: the package sits next to u
 from bench_cases import CATEGORIES, amount_of  # noqa: E402
 
 from queue_core import Handler  # noqa: E402
-from queue_core.storage import is_connection_string  # noqa: E402
+from queue_core.sqlite import is_connection_string  # noqa: E402
 from queue_core.values import Effect  # noqa: E402
 
 SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}

@@ -22,7 +22,7 @@ from bench_worker import Worker  # noqa: E402
 from queue_core import Queue  # noqa: E402
 from queue_core import audit  # noqa: E402
 from queue_core.lab.servers.pgcases import Schemas  # noqa: E402
-from queue_core.storage import connect, is_connection_string, transaction  # noqa: E402
+from queue_core.sqlite import connect, is_connection_string, transaction  # noqa: E402
 from queue_core.ingest import payload_digest  # noqa: E402
 
 CATEGORIES = ("book", "pen", "bag")

@@ -47,7 +47,8 @@ from bench_cases import (CATEGORIES, IDS_PER_FILE, ROOT, CheckFailed, EndToEnd,
 from bench_worker import Worker
 
 from queue_core import BatchConflict, Handler, ModelClock, Queue, audit, drain, migrate
-from queue_core import storage
+from queue_core import sqlite
+from queue_core.sqlite import migrations as sqlite_migrations, store as sqlite_store
 
 PAYLOAD_BYTES = 2048        # each steady-load payload's canonical JSON
 WINDOW_SECONDS = 10         # model time between two windows of the steady load
@@ -81,18 +82,18 @@ def jsonl(ids: range, payload: Callable[[int], Any], per_batch: int = 1000) -> l
 def journal_size_limit(paths: set[str], limit: int) -> Iterator[None]:
     """Every connection the engine opens to one of ``paths`` also sets
     ``PRAGMA journal_size_limit`` (a bench variant, not the engine's setting)."""
-    original = storage.connect
+    original = sqlite_store.connect
 
     def connect(path: Any, **options: Any) -> sqlite3.Connection:
         conn = original(path, **options)
         if os.fspath(path) in paths:
             conn.execute(f"PRAGMA journal_size_limit = {limit}").fetchall()
         return conn
-    storage.connect = connect  # type: ignore[assignment]
+    sqlite_store.connect = connect  # type: ignore[assignment]
     try:
         yield
     finally:
-        storage.connect = original  # type: ignore[assignment]
+        sqlite_store.connect = original  # type: ignore[assignment]
 
 
 class LoadedFile:
@@ -202,7 +203,7 @@ def steady_load(workdir: Path, events: int, window: int,
             replay = replay_of_a_pruned_event(files["pruned"], events)
         return {"events": events, "window": window, "live_windows": LIVE_WINDOWS,
                 "payload_bytes": PAYLOAD_BYTES, "wal_limit": WAL_LIMIT,
-                "checkpoint_pages": storage.CHECKPOINT_PAGES, "page_size": storage.PAGE_SIZE,
+                "checkpoint_pages": sqlite.CHECKPOINT_PAGES, "page_size": sqlite.PAGE_SIZE,
                 "files": {name: dict(loaded.samples[-1], wal_peak=max(
                     s["wal"] for s in loaded.samples), wal_rest=loaded.rest[-1],
                     checkpointed=loaded.checkpointed)
@@ -471,16 +472,16 @@ def step_times() -> Iterator[dict[str, float]]:
     from queue_core.postgres import store as postgres
 
     seen: dict[str, float] = {}
-    originals = (storage.crash_point, postgres.crash_point)
+    originals = (sqlite_migrations.crash_point, postgres.crash_point)
 
     def record(name: str) -> None:
         seen.setdefault(name, time.monotonic())
         originals[0](name)
-    storage.crash_point = postgres.crash_point = record  # type: ignore[assignment]
+    sqlite_migrations.crash_point = postgres.crash_point = record  # type: ignore[assignment]
     try:
         yield seen
     finally:
-        storage.crash_point, postgres.crash_point = originals  # type: ignore[assignment]
+        sqlite_migrations.crash_point, postgres.crash_point = originals  # type: ignore[assignment]
 
 
 def _engine_env(engine: Path) -> dict[str, str]:

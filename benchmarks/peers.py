@@ -208,7 +208,7 @@ class QueueCore(Adapter):
     def connection(self) -> Any:
         """A connection opened as the queue opens its own (same pragmas)."""
         if self._conn is None:
-            from queue_core.storage import connect
+            from queue_core.sqlite import connect
             self._conn = connect(self.queue.path, synchronous=self.queue.synchronous)
         return self._conn
 

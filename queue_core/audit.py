@@ -58,7 +58,7 @@ from .errors import InvalidPayload
 from .handler import Handler
 from .ingest import payload_digest
 from .marks import too_new
-from .storage import has_table
+from .sqlite import has_table
 from .stores import open_store
 from .transitions import EXPIRED
 from .values import Compacted, Effect, Message, Metrics, State, Status, Transition
@@ -234,7 +234,7 @@ def snapshot(path: str | os.PathLike[str]) -> Snapshot:
     Reads through ``Store.read``: a snapshot writes nothing, leaves the
     file's folder as it found it (no ``-wal`` or ``-shm`` made, none left),
     never recovers a lease and never takes the write lock, except for
-    SQLite's own rollback of a hot journal (``storage.roll_back_hot_journal``).
+    SQLite's own rollback of a hot journal (``sqlite.roll_back_hot_journal``).
     ``path`` may be a ``postgresql://`` connection string: then the read is
     one ``REPEATABLE READ READ ONLY`` transaction, one snapshot of the whole
     database.

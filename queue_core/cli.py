@@ -50,7 +50,7 @@ from .handler import Handler
 from .ingest import read_batch
 from .migrations import migrate
 from .queue import Queue, require_event_id
-from .storage import may_write, read, roll_back_hot_journal, unwritable
+from .sqlite import may_write, read, roll_back_hot_journal, unwritable
 from .stores import is_connection_string, open_store
 from .values import Lease
 from .worker import drain
@@ -244,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
                      args.max_messages)
     elif reading:
         # Where it may write, on a connection that may (it removes what a killed writer
-        # left); elsewhere each read leaves the folder as it found it (``storage.read``).
+        # left); elsewhere each read leaves the folder as it found it (``sqlite.read``).
         closing = _closing_last(queue, query_only=True) \
             if is_connection_string(args.db) or may_write(args.db) else nullcontext()
         with closing:
@@ -306,7 +306,7 @@ def _closing_last(queue: Queue, *, query_only: bool = False) -> Iterator[None]:
     every last connection does: it copies into the file what a killed
     writer committed to the WAL, then removes both. (Where this user may not
     write, a reading command opens no session: each read then leaves the
-    folder as it found it, ``storage.read``.)
+    folder as it found it, ``sqlite.read``.)
     """
     with queue.session():
         if query_only and isinstance(queue.connection, sqlite3.Connection):

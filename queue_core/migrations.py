@@ -2,11 +2,11 @@
 
 A queue's schema version is ``PRAGMA user_version`` in a SQLite file, the
 ``schema_version`` of ``queue_core_meta`` on PostgreSQL. Each store counts
-its own (``storage.SCHEMA_VERSION``, 2; ``postgres.SCHEMA_VERSION``, 4): the
+its own (``sqlite.SCHEMA_VERSION``, 2; ``postgres.SCHEMA_VERSION``, 4): the
 first two mean the same tables on both; version 3 adds PostgreSQL's worker
 step as a function of the schema, which a SQLite file has no use for and is
 not rewritten for, and version 4 makes that function hold the payload to the
-digest kept from enqueue on, as the client's ACK does in Python. Each store lists its steps (``storage.SQLITE_STEPS``,
+digest kept from enqueue on, as the client's ACK does in Python. Each store lists its steps (``sqlite.SQLITE_STEPS``,
 ``postgres.POSTGRES_STEPS``), one per version, and runs each in ONE
 transaction that reads the version again inside it:
 
@@ -27,8 +27,8 @@ ACK without its finish time, and an enqueue without its payload's digest,
 fail the schema's CHECK and NOT NULL constraints). So no row is ever written
 that schema 2 misreads; the refused ACK's lease expires, and a worker of
 this engine finishes the message. This engine reads a SQLite file's version
-as its last commit left it (through the ``-wal``, ``storage.inspect``) and
-again inside each write transaction (``storage.transaction``): a queue opened
+as its last commit left it (through the ``-wal``, ``sqlite.inspect``) and
+again inside each write transaction (``sqlite.transaction``): a queue opened
 before the step writes at once after it, and a later engine's step is
 refused at the next transaction. PostgreSQL's step from 2 to 3 adds a
 function and changes no table: a worker of the release before goes on

@@ -35,7 +35,7 @@ from .crashpoints import crash_point
 from .errors import BatchConflict, NotRedrivable, UnknownEvent
 from .ingest import EVENT_ID, Batch, parse_batch, payload_digest, read_batch
 from .marks import refuse_other_version
-from .storage import SYNCHRONOUS_MODES
+from .sqlite import SYNCHRONOUS_MODES
 from .stores import open_store
 from .transitions import (CLAIM, DUE, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, explain_miss,
                           picking, write_journal)
@@ -82,7 +82,7 @@ class Queue(QueueAcks, QueueViews):
     ``create=False`` refuses a missing file instead of creating it.
 
     Opening writes nothing to a file that is not new and empty or marked as
-    the queue's own: anything else raises ``UnusableFile`` (see ``storage``);
+    the queue's own: anything else raises ``UnusableFile`` (see ``sqlite``);
     on PostgreSQL also ``cannot_connect``.
     """
 

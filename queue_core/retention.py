@@ -44,7 +44,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol, 
 
 from . import audit
 from .crashpoints import crash_point
-from .storage import BUSY_TIMEOUT_SECONDS
+from .sqlite import BUSY_TIMEOUT_SECONDS
 from .values import Message, State, Transition
 
 from .clock import Clock

@@ -3,7 +3,7 @@
 The protocol (``queue``) is written once; a store supplies only what
 differs per database: connecting, the transaction mechanics, how a guarded
 statement's row reaches the journal, and the checks only the database can
-make about itself. ``storage.SqliteStore`` keeps a queue in one file,
+make about itself. ``sqlite.SqliteStore`` keeps a queue in one file,
 ``postgres.PostgresStore`` in a PostgreSQL schema. This module stands above
 both, so neither imports the other; psycopg is imported only when a
 connection string is opened, so SQLite users never need it.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Protocol, TypeVar
 
-from .storage import SqliteStore, is_connection_string
+from .sqlite import SqliteStore, is_connection_string
 
 __all__ = ["Store", "is_connection_string", "open_store"]
 

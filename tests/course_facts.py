@@ -148,7 +148,7 @@ def prune_keeps_every_key_so_a_late_replay_is_a_duplicate() -> None:
 
 def migrate_upgrades_each_schema_version_in_its_own_transaction() -> None:
     from queue_core import migrate
-    from queue_core.storage import SCHEMA_VERSION, SQLITE_STEPS
+    from queue_core.sqlite import SCHEMA_VERSION, SQLITE_STEPS
     assert SCHEMA_VERSION >= 2 and sorted(SQLITE_STEPS) == list(range(1, SCHEMA_VERSION))
     with fresh_queue() as (queue, _):
         assert migrate(queue.path).steps == ()  # a current file: nothing to do

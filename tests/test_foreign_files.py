@@ -20,7 +20,8 @@ import pytest
 
 from conftest import DATA
 from queue_core import ModelClock, Queue, UnusableFile
-from queue_core.storage import APPLICATION_ID, SCHEMA_VERSION
+from queue_core.marks import APPLICATION_ID
+from queue_core.sqlite import SCHEMA_VERSION
 
 COMMANDS = {
     "status": ["status"],

@@ -28,7 +28,7 @@ from queue_core.audit import findings, snapshot
 from queue_core.crashpoints import CRASH_EXIT_CODE
 from queue_core.lab.servers.postgres_server import schema_of, with_schema
 from queue_core.lab.sweeps.checkpoint import COMMANDS, run_checkpoint_sweep
-from queue_core.storage import SCHEMA_VERSION, schema_version
+from queue_core.sqlite import SCHEMA_VERSION, schema_version
 
 SCHEMA1 = ROOT / "tests" / "files" / "schema1-265c64c.sqlite3"
 TWENTY_MONEY = 21000  # data/twenty.jsonl: 20 events, 100 + 200 + ... + 2000 cents

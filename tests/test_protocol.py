@@ -21,7 +21,7 @@ from observe import effects, expect, ledger, reasons, row
 from queue_core import (BatchConflict, Effect, EnqueueResult, Handler, IntegrityViolation,
                         LeaseLost, ModelClock, NotRedrivable, Queue, State,
                         UnknownEvent, drain, finish, process_one)
-from queue_core.storage import connect
+from queue_core.sqlite import connect
 
 
 def jsonl(*events: tuple[str, str, Any]) -> str:

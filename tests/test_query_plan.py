@@ -21,7 +21,7 @@ import pytest
 
 from observe import expect, ledger
 from queue_core import Handler, ModelClock, Queue
-from queue_core.storage import PAGE_SIZE, SqliteStore
+from queue_core.sqlite import PAGE_SIZE, SqliteStore
 from queue_core.transitions import (ACK, CLAIM, DUE, EXPIRED, EXTEND, FAIL, RECOVER, REDRIVE,
                                     RELEASE, picking)
 

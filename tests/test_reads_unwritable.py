@@ -264,7 +264,7 @@ def test_a_writer_that_comes_during_an_immutable_read_makes_it_read_again_throug
     """``immutable=1`` is safe only while nobody writes the file: a read that finds a
     ``-wal`` when it ends drops its figures and reads again, through that ``-wal``;
     and the writer, closing meanwhile, could not checkpoint under the read."""
-    from queue_core.storage import read
+    from queue_core.sqlite import read
 
     db = queue_file
     calls: list[int] = []

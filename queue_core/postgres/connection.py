@@ -88,7 +88,7 @@ def _placeholders(sql: str) -> str:
     return translated
 
 
-class pg_transaction:  # noqa: N801 - used like a function, as storage.transaction
+class pg_transaction:  # noqa: N801 - used like a function, as sqlite.transaction
     """``BEGIN`` (``READ COMMITTED``, or the given level): commit on success,
     roll back on any exception, ``BaseException`` included.
 

@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterator
 from ...audit import CONTRAST_LEDGER
 from ...handler import Handler
 from ...queue import Queue
-from ...storage import connect_readonly, read_transaction
+from ...sqlite import connect_readonly, read_transaction
 
 _KEY = secrets.token_bytes(32)  # this kernel's: a new kernel (or process) has another
 _STARTED: dict[str, "Witness"] = {}  # queue file -> the witness of the start that built it last

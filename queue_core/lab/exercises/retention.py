@@ -26,7 +26,7 @@ from ...audit import Snapshot
 from ...clock import ModelClock
 from ...queue import Queue
 from ...errors import QueueError
-from ...storage import connect_readonly, has_table
+from ...sqlite import connect_readonly, has_table
 from ...values import EnqueueResult
 from ..story.scenario import START
 from .provenance import hand_out

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 from ...audit import Snapshot, check, snapshot
 from ...errors import QueueError, UnusableFile
 from ...queue import Queue
-from ...storage import inspect
+from ...sqlite import inspect
 from .provenance import handlers_used, provenance
 from .setup import STARTS
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from ...storage import is_connection_string
+from ...sqlite import is_connection_string
 from .postgres_server import drop_schema, fresh_schema
 
 

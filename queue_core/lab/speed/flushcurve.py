@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ...storage import CHECKPOINT_PAGES
+from ...sqlite import CHECKPOINT_PAGES
 from .slowdisk import DELAY_US, NoShim, ROOT, flush_calls, flush_latency, shim_env
 
 WORKLOADS = ("consume", "each", "raw")
 LABELS = {"consume": "worker loop (drain)", "each": "claim, then ACK",  # messages per second
           "raw": "raw commit"}
 # Frames written before the measured ones: more than the queue's automatic
-# checkpoint (``storage.CHECKPOINT_PAGES``), so both logs have wrapped and their
+# checkpoint (``sqlite.CHECKPOINT_PAGES``), so both logs have wrapped and their
 # commits overwrite blocks the file already has, as a long-running service's do;
 # appending to a growing file costs the file system more per flush, and the two
 # logs would not grow alike.
@@ -115,7 +115,7 @@ def _probe(folder: Path, messages: int, slices: int = 10) -> dict[str, Any]:
     from ...audit import check, snapshot
     from ...handler import Handler
     from ...queue import Queue
-    from ...storage import connect
+    from ...sqlite import connect
     from ...worker import drain, finish, finish_and_claim, process_one
 
     queue, handler = Queue(folder / "queue.sqlite3"), Handler()

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ... import audit
 from ...clock import ModelClock
 from ...queue import Queue
-from ...storage import connect, is_connection_string
+from ...sqlite import connect, is_connection_string
 from ..story.child import collect, open_gate, reap, run_child
 from ..story.scenario import START
 

@@ -58,7 +58,7 @@ from ...crashpoints import (BETWEEN_TRANSACTIONS, INSIDE_THE_SERVER_STEP, POINTS
 from ...errors import ConnectionLost, IntegrityViolation, LeaseLost, QueueError
 from ...handler import Handler
 from ...queue import Queue, backoff_seconds, write_journal
-from ...storage import has_table
+from ...sqlite import has_table
 from ...values import Effect, Lease, Outcome, State
 
 LEDGER_SCHEMA = f"""

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import audit
-from ...storage import schema_version
+from ...sqlite import schema_version
 from ..speed.slowdisk import ROOT, shim_library
 
 __all__ = ["COMMANDS", "CheckpointCase", "count_points", "prepare", "run_checkpoint_sweep"]

@@ -48,7 +48,7 @@ from ...clock import ModelClock
 from ...handler import Handler
 from ...migrations import migrate
 from ...queue import Queue
-from ...storage import connect
+from ...sqlite import connect
 from ...values import State, Transition
 from ...worker import drain, finish, process_one
 from ..story.scenario import DEMO_JSONL, LEASE_SECONDS, START
