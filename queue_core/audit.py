@@ -93,6 +93,7 @@ CONTRAST_LEDGER = "naive_ledger"
 _MESSAGE_COLUMNS = ("event_id, payload, state, attempts, generation, available_at, "
                     "lease_until, last_error")
 _JOURNAL_COLUMNS = "seq, at, event_id, from_state, to_state, generation, attempts, reason"
+_CHUNK = 500  # event ids per IN (...) list
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +191,37 @@ def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list
     return [Message.from_row(row) for row in rows]
 
 
+def read_messages_among(conn: Any, event_ids: list[str]) -> list[Message]:
+    """The stored messages among ``event_ids`` (in no particular order)."""
+    return [Message.from_row(row) for row in rows_among(
+        conn, f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE event_id IN ({{}})", event_ids)]
+
+
+def read_effects_among(conn: Any, event_ids: list[str]) -> dict[str, EffectRow]:
+    """The effect rows of ``event_ids`` that exist: event id -> row."""
+    return {row[0]: EffectRow(*row) for row in rows_among(
+        conn, "SELECT event_id, category, amount_cents FROM effects WHERE event_id IN ({})",
+        event_ids)}
+
+
+def read_journal_after(conn: Any, after: int, limit: int) -> list[Transition]:
+    """Up to ``limit`` journal rows after sequence number ``after``, oldest first: a
+    walk of the journal a page at a time, which never holds all of it."""
+    return [_transition(row) for row in conn.execute(
+        f"SELECT {_JOURNAL_COLUMNS} FROM transitions WHERE seq > ? ORDER BY seq LIMIT ?",
+        (after, limit))]
+
+
+def rows_among(conn: Any, template: str, event_ids: list[str]) -> list[tuple[Any, ...]]:
+    """The rows of ``template`` (its ``IN ({})`` filled with one parameter per id) for
+    ``event_ids``, in chunks of ``_CHUNK`` ids, well under SQLite's variable limit."""
+    found: list[tuple[Any, ...]] = []
+    for start in range(0, len(event_ids), _CHUNK):
+        chunk = event_ids[start:start + _CHUNK]
+        found += conn.execute(template.format(", ".join("?" * len(chunk))), chunk).fetchall()
+    return found
+
+
 def read_effects(conn: sqlite3.Connection) -> list[EffectRow]:
     """Every stored effect row, the contrasts' ledger included where it exists."""
     rows = [EffectRow(*row) for row in conn.execute(
@@ -204,8 +236,13 @@ def read_journal(conn: sqlite3.Connection, event_id: str | None = None) -> list[
     """The journal of state changes in order, for one event or all."""
     rows = conn.execute(f"SELECT {_JOURNAL_COLUMNS} FROM transitions "
                         "WHERE CAST(? AS TEXT) IS NULL OR event_id = ? ORDER BY seq", (event_id, event_id))
-    return [Transition(seq, at, eid, State(src) if src else None, State(dst), gen, att, why)
-            for seq, at, eid, src, dst, gen, att, why in rows]
+    return [_transition(row) for row in rows]
+
+
+def _transition(row: tuple[Any, ...]) -> Transition:
+    seq, at, event_id, src, dst, generation, attempts, reason = row
+    return Transition(seq, at, event_id, State(src) if src else None, State(dst), generation,
+                      attempts, reason)
 
 
 def read_version(conn: Any) -> int:
@@ -304,10 +341,10 @@ def _effect_checks(snap: Snapshot) -> Iterable[Finding]:
     for row in snap.effect_rows:
         message = snap.messages.get(row.event_id)
         if message is not None:
-            yield from _effect_matches(row, message, snap.compacted.get(row.event_id))
+            yield from effect_findings(row, message, snap.compacted.get(row.event_id))
 
 
-def _effect_matches(row: EffectRow, message: Message,
+def effect_findings(row: EffectRow, message: Message,
                     record: Compacted | None = None) -> Iterable[Finding]:
     stored = Effect(row.category, row.amount_cents)
     if message.payload is None:  # pruned: only its compacted record is left to compare with

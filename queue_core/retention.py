@@ -40,12 +40,12 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol, TypeVar
+from typing import Any, Callable, ContextManager, Iterator, Protocol, TypeVar
 
 from . import audit
 from .crashpoints import crash_point
 from .sqlite import BUSY_TIMEOUT_SECONDS
-from .values import Message, State, Transition
+from .values import State, Transition
 
 from .clock import Clock
 from .stores import Store
@@ -81,11 +81,8 @@ SQLITE_BUSY = 5
 _CANDIDATES = ("SELECT event_id FROM messages WHERE state = 'done' AND payload IS NOT NULL "
                "AND available_at <= ? AND finished_at <= ? ORDER BY available_at, event_id "
                "LIMIT ?")
-# The journal, oldest first, a page at a time: the walk stops as soon as it has
-# what it came for, and never holds the whole journal. Parameters: after, limit.
-_JOURNAL = ("SELECT seq, at, event_id, from_state, to_state, generation, attempts, reason "
-            "FROM transitions WHERE seq > ? ORDER BY seq LIMIT ?")
-_CHUNK = 500
+_CHUNK = 500  # sequence numbers per IN (...) list
+_JOURNAL_PAGE = 500  # journal rows read at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,32 +220,31 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
     last = conn.execute("SELECT event_id FROM transitions "
                         "ORDER BY seq DESC LIMIT 1").fetchone()
     # read again under the lock: another prune may have taken one meanwhile
-    messages = {m.event_id: m for m in _messages(conn, ids)
+    messages = {m.event_id: m for m in audit.read_messages_among(conn, ids)
                 if m.state == State.DONE and m.payload is not None}
     ids = [event_id for event_id in ids
            if event_id in messages and (last is None or event_id != last[0])]
     if not ids:
         return 0, [], 0, []
-    locked = {row[0] for row in _rows(conn, "SELECT event_id FROM messages WHERE event_id "
-                                      + picked("SELECT event_id FROM messages "
-                                               "WHERE event_id IN ({})"), ids)}
+    locked = {row[0] for row in audit.rows_among(
+        conn, "SELECT event_id FROM messages WHERE event_id "
+        + picked("SELECT event_id FROM messages WHERE event_id IN ({})"), ids)}
     held = [event_id for event_id in ids if event_id not in locked]
     ids = [event_id for event_id in ids if event_id in locked]
     if not ids:
         return 0, [], 0, held
-    effects = {row[0]: row[1:] for row in _rows(
-        conn, "SELECT event_id, category, amount_cents FROM effects WHERE event_id IN ({})", ids)}
+    effects = audit.read_effects_among(conn, ids)
     records, refused, seqs = [], [], []
     for event_id in ids:
         message, history = messages[event_id], steps.get(event_id, [])
         effect = effects.get(event_id)
         if effect is None or any(audit.history_findings(message, history)) or any(
-                audit._effect_matches(audit.EffectRow(event_id, *effect), message)):
+                audit.effect_findings(effect, message)):
             refused.append(event_id)
             continue
         records.append((event_id, history[0].at, message.generation,
                         sum(step.from_state == State.DEAD for step in history),
-                        len(history), *effect))
+                        len(history), effect.category, effect.amount_cents))
         seqs += [step.seq for step in history]
     compacted = [record[0] for record in records]
     conn.executemany("INSERT INTO compacted (event_id, enqueued_at, claims, redrives, steps, "
@@ -301,19 +297,6 @@ def _writing(queue: Queue) -> Iterator[Any]:
     entered.__exit__(None, None, None)
 
 
-def _messages(conn: Any, ids: list[str]) -> Iterable[Message]:
-    return (Message.from_row(row) for row in _rows(
-        conn, f"SELECT {audit._MESSAGE_COLUMNS} FROM messages WHERE event_id IN ({{}})", ids))
-
-
-def _rows(conn: Any, template: str, ids: list[str]) -> list[tuple[Any, ...]]:
-    found: list[tuple[Any, ...]] = []
-    for start in range(0, len(ids), _CHUNK):
-        chunk = ids[start:start + _CHUNK]
-        found += conn.execute(template.format(", ".join("?" * len(chunk))), chunk).fetchall()
-    return found
-
-
 def _journal_of(conn: Any, ids: set[str]) -> dict[str, list[Transition]]:
     """The journal rows of ``ids``, from one walk of the journal from its oldest row,
     which stops once each has its ``done`` row (its last: done is final). The
@@ -321,16 +304,15 @@ def _journal_of(conn: Any, ids: set[str]) -> dict[str, list[Transition]]:
     steps: dict[str, list[Transition]] = {}
     waiting, after = set(ids), 0
     while waiting:
-        rows = conn.execute(_JOURNAL, (after, _CHUNK)).fetchall()
-        if not rows:
+        page = audit.read_journal_after(conn, after, _JOURNAL_PAGE)
+        if not page:
             break  # a history without its done row: the audit's findings keep it whole
-        for seq, at, event_id, src, dst, gen, att, why in rows:
-            if event_id in ids:
-                steps.setdefault(event_id, []).append(Transition(
-                    seq, at, event_id, State(src) if src else None, State(dst), gen, att, why))
-                if dst == State.DONE:
-                    waiting.discard(event_id)
-        after = rows[-1][0]
+        for step in page:
+            if step.event_id in ids:
+                steps.setdefault(step.event_id, []).append(step)
+                if step.to_state == State.DONE:
+                    waiting.discard(step.event_id)
+        after = page[-1].seq
     return steps
 
 
