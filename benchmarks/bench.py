@@ -280,8 +280,27 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         results["fsyncs"] = (fsyncs.count(fsync_claims=False), fsyncs.count(fsync_claims=True))
     if plan.slow:
         results["slow"] = slow_regime(say)
+    say("timing the command line's start against a bare Python start")
+    results["startup"] = startup()
     results["targets"] = evaluate(results)
     return results
+
+
+def startup(runs: int = 21) -> dict[str, float]:
+    """How long ``queue-core --help`` takes to start and answer, against a bare
+    ``python -c pass``: the medians of interleaved runs of each, in seconds, with
+    this interpreter. ``import queue_core`` loads no module of the engine, and the
+    command line loads the engine only once its arguments are sound."""
+    def once(args: list[str]) -> float:
+        started = time.perf_counter()
+        subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL, check=True, cwd=ROOT)
+        return time.perf_counter() - started
+    bare: list[float] = []
+    helped: list[float] = []
+    for _ in range(runs):
+        bare.append(once(["-c", "pass"]))
+        helped.append(once(["-m", "queue_core", "--help"]))
+    return {"bare_s": sorted(bare)[runs // 2], "help_s": sorted(helped)[runs // 2]}
 
 
 def lifetime_figures(workdir: Path, plan: Plan, cases: list[Case], schemas: Schemas | None,

@@ -16,7 +16,7 @@ import statistics
 from typing import Any, Callable
 
 from bench_cases import Case, QueueSize
-from queue_core.retention import PRUNE_BATCH
+from queue_core.queue import PRUNE_BATCH
 from peers import FSYNCING, PeerCase, SameWorkCase
 
 
@@ -111,6 +111,15 @@ def _ratio(results: dict[str, Any] | None, top: str, bottom: str) -> tuple[float
     """One case over another, consumer side, each against its raw commits."""
     vs_raw = (results or {}).get("vs_raw", {})
     return (vs_raw[top] / vs_raw[bottom], "") if top in vs_raw and bottom in vs_raw else (None, "")
+
+
+def _startup(results: dict[str, Any]) -> tuple[float | None, str]:
+    """``queue-core --help`` over a bare Python start (``bench.startup``)."""
+    times = results.get("startup")
+    if not times:
+        return None, ""
+    return (times["help_s"] / times["bare_s"],
+            f"{times['help_s'] * 1000:.0f} ms vs {times['bare_s'] * 1000:.0f} ms")
 
 
 def _against_peer(results: dict[str, Any] | None, ours: str, durable: bool
@@ -218,6 +227,9 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
      "consumer side, ours FULL* (the worker loop, the effect in the ACK's commit) vs a peer's "
      "get, its effect's own commit, ack, every commit fsynced, this machine's flush",
      lambda r: _against_same_work(r, "single", "sqlite"), 1.4, True),
+    ("queue-core --help vs a bare Python start",
+     "medians of interleaved starts, this interpreter; the engine is not loaded for --help",
+     _startup, 3.0, False),
     ("fsyncs per consumed message (strace)",
      "drain, one message at a time, FULL*", _fsyncs, 1.05, False),
     ("single consume vs raw commits, 2 ms flush",

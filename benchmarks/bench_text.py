@@ -6,7 +6,7 @@ from typing import Any
 
 from bench_report import evaluate, on_disk
 from peer_safety import describe
-from queue_core.retention import PRUNE_BATCH
+from queue_core.queue import PRUNE_BATCH
 
 WORKER_COUNTS = (1, 2, 4)
 MEMORY_LIMIT_MB = 150.0

@@ -14,22 +14,94 @@ subpackage ``queue_core.lab``, which importing this package does not load.
 Importing either does not import pandas or matplotlib.
 """
 
-from .clock import Clock, ModelClock, SystemClock
-from .crashpoints import CRASH_EXIT_CODE
-from .audit import Finding, Snapshot
-from .errors import (BatchConflict, BatchRejected, ConnectionLost, IntegrityViolation,
-                     InvalidPayload, LeaseLost, LockTimeout, NotRedrivable, PayloadDiffers,
-                     QueueError, TransientError, UnknownEvent, UnusableFile)
-from .handler import DEFAULT_CATEGORIES, Handler
-from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
-from .migrations import Migration, migrate
-from .queue import Queue, backoff_seconds
-from .retention import Pruned
-from .values import (Effect, EnqueueResult, Lease, Message, Metrics, Outcome, State, Status,
-                     Transition)
-from .worker import drain, finish, process_one
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "1.1.0"
+
+# Each public name, and the module that defines it. A name is imported on its first
+# use, so ``import queue_core`` loads nothing yet and the command line answers
+# ``--help`` without the engine; ``from queue_core import Queue`` loads what a
+# queue needs (the store of its kind, the protocol), and the audit, retention,
+# migrations and PostgreSQL load when they are first used.
+_HOME = {
+    "Batch": "ingest",
+    "BatchConflict": "errors",
+    "BatchRejected": "errors",
+    "CRASH_EXIT_CODE": "crashpoints",
+    "Clock": "clock",
+    "ConnectionLost": "errors",
+    "DEFAULT_CATEGORIES": "handler",
+    "Effect": "values",
+    "EnqueueResult": "values",
+    "Event": "ingest",
+    "Finding": "audit",
+    "Handler": "handler",
+    "IntegrityViolation": "errors",
+    "InvalidPayload": "errors",
+    "Lease": "values",
+    "LeaseLost": "errors",
+    "LockTimeout": "errors",
+    "Message": "values",
+    "Metrics": "values",
+    "Migration": "migrations",
+    "ModelClock": "clock",
+    "NotRedrivable": "errors",
+    "Outcome": "values",
+    "PayloadDiffers": "errors",
+    "Pruned": "retention",
+    "Queue": "queue",
+    "QueueError": "errors",
+    "Snapshot": "audit",
+    "State": "values",
+    "Status": "values",
+    "SystemClock": "clock",
+    "TransientError": "errors",
+    "Transition": "values",
+    "UnknownEvent": "errors",
+    "UnusableFile": "errors",
+    "backoff_seconds": "queue",
+    "canonical_json": "ingest",
+    "drain": "worker",
+    "finish": "worker",
+    "migrate": "migrations",
+    "parse_batch": "ingest",
+    "process_one": "worker",
+    "read_batch": "ingest",
+}
+_MODULES = ("acks", "audit", "cli", "cli_text", "clock", "crashpoints", "errors", "handler",
+                "ingest", "lab", "marks", "migrations", "postgres", "queue", "retention",
+                "sqlite", "stores", "transitions", "values", "views", "worker")
+
+if TYPE_CHECKING:
+    from .audit import Finding, Snapshot
+    from .clock import Clock, ModelClock, SystemClock
+    from .crashpoints import CRASH_EXIT_CODE
+    from .errors import BatchConflict, BatchRejected, ConnectionLost, IntegrityViolation, InvalidPayload, LeaseLost, LockTimeout, NotRedrivable, PayloadDiffers, QueueError, TransientError, UnknownEvent, UnusableFile
+    from .handler import DEFAULT_CATEGORIES, Handler
+    from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
+    from .migrations import Migration, migrate
+    from .queue import Queue, backoff_seconds
+    from .retention import Pruned
+    from .values import Effect, EnqueueResult, Lease, Message, Metrics, Outcome, State, Status, Transition
+    from .worker import drain, finish, process_one
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
+
 
 __all__ = [
     "Finding", "Snapshot", "UnusableFile",

@@ -6,9 +6,10 @@ its own (``sqlite.SCHEMA_VERSION``, 2; ``postgres.SCHEMA_VERSION``, 4): the
 first two mean the same tables on both; version 3 adds PostgreSQL's worker
 step as a function of the schema, which a SQLite file has no use for and is
 not rewritten for, and version 4 makes that function hold the payload to the
-digest kept from enqueue on, as the client's ACK does in Python. Each store lists its steps (``sqlite.SQLITE_STEPS``,
-``postgres.POSTGRES_STEPS``), one per version, and runs each in ONE
-transaction that reads the version again inside it:
+digest kept from enqueue on, as the client's ACK does in Python. Each store
+lists its steps, one module per version (``sqlite/migrations/``,
+``postgres/migrations/``), and runs each in ONE transaction that reads the
+version again inside it:
 
 - a crash (or a power loss) leaves the old version intact or the new one
   complete, never a mixture;

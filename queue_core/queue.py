@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .clock import Clock, SystemClock
 from .crashpoints import crash_point
@@ -41,9 +41,13 @@ from .transitions import (CLAIM, DUE, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE, e
                           picking, write_journal)
 from .values import EnqueueResult, Lease, Outcome, State
 from .acks import QueueAcks, _by_event_id, _leases, _require_lease
-from .migrations import Migration, migrate
-from .retention import PRUNE_BATCH, Pruned, prune
 from .views import QueueViews
+
+if TYPE_CHECKING:  # loaded on first use: most queues never migrate or prune
+    from .migrations import Migration
+    from .retention import Pruned
+
+PRUNE_BATCH = 50  # messages per prune transaction (``retention``)
 
 
 
@@ -376,6 +380,7 @@ class Queue(QueueAcks, QueueViews):
     def migrate(self) -> Migration:
         """Upgrade this queue to the engine's schema version, one transaction per
         step (see ``migrations``); a queue already current is left as it is."""
+        from .migrations import migrate
         done = migrate(self.path)
         self.schema_version = done.to_version
         return done
@@ -385,6 +390,7 @@ class Queue(QueueAcks, QueueViews):
         """Drop the payload and the journal rows of each ``done`` message that
         finished at least ``older_than`` seconds ago, keeping its key, digest,
         effect and a compacted record, in short transactions (see ``retention``)."""
+        from .retention import prune
         return prune(self, older_than, batch_size=batch_size)
 
 

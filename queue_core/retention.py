@@ -66,9 +66,8 @@ class Queue(Protocol):
     def transaction(self, *, relaxed: bool = False) -> ContextManager[Any]: ...
     def _read(self, body: Callable[[Any], T]) -> T: ...
 
-__all__ = ["PRUNE_BATCH", "Pruned", "prune"]
+__all__ = ["Pruned", "prune"]
 
-PRUNE_BATCH = 50            # messages per prune transaction
 READ_AHEAD = 10             # batches whose candidates and journal rows one read gathers
 VACUUM_PAGES = 64           # pages given back per incremental-vacuum transaction
 _EARLIEST = -(2**63)        # the least 64-bit integer, the earliest cutoff both stores take
@@ -142,7 +141,7 @@ class Pruned:
         return said
 
 
-def prune(queue: Queue, older_than: int, *, batch_size: int = PRUNE_BATCH) -> Pruned:
+def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
     """Prune ``queue``'s done messages that finished at least ``older_than`` seconds
     before its clock's now (see the module). Refuses a queue of an earlier
     schema version (``schema_too_old``), like every write.

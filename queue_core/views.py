@@ -12,13 +12,15 @@ facts. ``Queue`` inherits these.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from . import audit
 from .clock import Clock
 from .errors import UnknownEvent
 from .stores import Store
 from .values import Effect, Message, Metrics, Status, Transition
+
+if TYPE_CHECKING:
+    from . import audit
 
 T = TypeVar("T")
 
@@ -42,16 +44,19 @@ class QueueViews:
 
     def status(self) -> Status:
         """Counts per state, effects and money, as stored, at one moment; recovers nothing."""
+        from . import audit  # loaded on first use, as in every call below
         return self._read(audit.read_status)
 
     def metrics(self) -> Metrics:
         """Depth by state, age of the oldest due message, expired leases not yet
         recovered, and the attempts each dead message spent; recovers nothing."""
+        from . import audit
         now = self.clock.now()
         return self._read(lambda conn: audit.read_metrics(conn, now))
 
     def message(self, event_id: str) -> Message:
         """The stored row of one message; raises ``UnknownEvent``."""
+        from . import audit
         found = self._read(lambda conn: audit.read_messages(conn, event_id))
         if not found:
             raise UnknownEvent(f"no message {event_id}")
@@ -59,21 +64,26 @@ class QueueViews:
 
     def messages(self) -> list[Message]:
         """Every stored message, in event id order."""
+        from . import audit
         return self._read(audit.read_messages)
 
     def effects(self) -> dict[str, Effect]:
         """Every stored effect by event id."""
+        from . import audit
         return {row.event_id: Effect(row.category, row.amount_cents)
                 for row in self._read(audit.read_effects) if row.table == "effects"}
 
     def transitions(self, event_id: str | None = None) -> list[Transition]:
         """The journal of state changes in order, for one event or all."""
+        from . import audit
         return self._read(lambda conn: audit.read_journal(conn, event_id))
 
     def snapshot(self) -> audit.Snapshot:
         """Every stored fact at one moment (see ``queue_core.audit``)."""
+        from . import audit
         return audit.snapshot(self.path)
 
     def audit(self) -> list[audit.Finding]:
         """The invariants the file violates now, as named findings; none when all holds."""
+        from . import audit
         return audit.findings(self.path)

@@ -81,7 +81,7 @@ def postgres_is_a_store() -> None:
 
 
 def several_hosts_share_the_servers_clock() -> None:
-    from queue_core.cli import _system_clock
+    from queue_core.cli.run import _system_clock
     from queue_core.postgres import DatabaseClock
     assert isinstance(_system_clock("postgresql://shop@db.example/shop"), DatabaseClock)
 
@@ -148,8 +148,9 @@ def prune_keeps_every_key_so_a_late_replay_is_a_duplicate() -> None:
 
 def migrate_upgrades_each_schema_version_in_its_own_transaction() -> None:
     from queue_core import migrate
-    from queue_core.sqlite import SCHEMA_VERSION, SQLITE_STEPS
-    assert SCHEMA_VERSION >= 2 and sorted(SQLITE_STEPS) == list(range(1, SCHEMA_VERSION))
+    from queue_core.sqlite import SCHEMA_VERSION
+    from queue_core.sqlite.migrations import STEPS
+    assert SCHEMA_VERSION >= 2 and sorted(STEPS) == list(range(1, SCHEMA_VERSION))
     with fresh_queue() as (queue, _):
         assert migrate(queue.path).steps == ()  # a current file: nothing to do
     from queue_core.cli import build_parser
@@ -260,7 +261,7 @@ def engine_codes() -> Codes:
     unusable: set[str] = set()
     engine = ROOT / "queue_core"
     for path in sorted(p for p in engine.rglob("*.py") if p.relative_to(engine).parts[0] != "lab"):
-        found = by_file.setdefault(path.name, set())
+        found = by_file.setdefault(path.relative_to(engine).as_posix(), set())
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and _called(node) in RAISERS and node.args \
                     and _literal(node.args[0]):
@@ -272,11 +273,11 @@ def engine_codes() -> Codes:
             elif isinstance(node, ast.ClassDef) and not _takes_code(node):
                 found.update(_literal(s.value) for s in node.body if isinstance(s, ast.Assign)
                              and [getattr(t, "id", "") for t in s.targets] == ["code"])
-            elif path.name == "cli.py" and isinstance(node, (ast.JoinedStr, ast.Constant)):
+            elif path.parent.name == "cli" and isinstance(node, (ast.JoinedStr, ast.Constant)):
                 found.update(_cli_code(node))
     every = frozenset(code for codes in by_file.values() for code in codes if code)
     return Codes(every, frozenset(by_file["ingest.py"]), frozenset(unusable),
-                 frozenset(by_file["cli.py"]))
+                 frozenset(by_file["cli/__init__.py"] | by_file["cli/run.py"]))
 
 
 def _called(node: ast.Call) -> str:

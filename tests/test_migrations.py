@@ -24,7 +24,8 @@ import pytest
 import previous_engine
 from queue_core import Handler, ModelClock, Queue, UnusableFile, audit, drain, migrate
 from queue_core.crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
-from queue_core.sqlite import SCHEMA_VERSION, migrate_step
+from queue_core.sqlite import SCHEMA_VERSION
+from queue_core.sqlite.migrations import migrate_step
 
 FILES = Path(__file__).resolve().parent / "files"
 ROOT = Path(__file__).resolve().parent.parent

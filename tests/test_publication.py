@@ -16,7 +16,7 @@ from conftest import ROOT
 ALLOWED = (
     "README.md", "EXERCISES.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore",
     ".ci/*",
-    "queue_core/*.py", "queue_core/sqlite/*.py", "queue_core/sqlite/migrations/*.py",
+    "queue_core/*.py", "queue_core/cli/*.py", "queue_core/sqlite/*.py", "queue_core/sqlite/migrations/*.py",
     "queue_core/postgres/*.py", "queue_core/postgres/migrations/*.py",
     "queue_core/lab/*.py", "queue_core/lab/*/*.py", "queue_core/py.typed",
     "tests/*.py", "tests/files/*.py",

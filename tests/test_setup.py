@@ -93,7 +93,7 @@ def test_pyproject_declares_the_package_and_each_part_of_the_lab_with_its_script
     on_disk = sorted(".".join(init.parent.relative_to(ROOT).parts)
                      for init in (ROOT / "queue_core").rglob("__init__.py"))
     assert sorted(data["tool"]["setuptools"]["packages"]) == on_disk  # each, or a wheel lacks it
-    assert on_disk[:2] == ["queue_core", "queue_core.lab"]
+    assert on_disk[0] == "queue_core" and "queue_core.lab" in on_disk
     assert data["project"]["scripts"] == {"queue-core": "queue_core.cli:main"}
     assert data["project"]["requires-python"] == ">=3.11"
     assert {requirement(spec)[0] for spec in data["project"]["optional-dependencies"]["test"]} >= \

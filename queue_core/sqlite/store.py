@@ -10,7 +10,6 @@ from ..transitions import EXPIRED, write_journal
 from .connection import connect, read_transaction, transaction
 from .files import connect_readonly, read
 from .identity import prepare
-from .migrations import migrate_step
 from .schema import SCHEMA_VERSION
 
 T = TypeVar("T")
@@ -46,6 +45,7 @@ class SqliteStore:
         return prepare(self.target, create=create)
 
     def migrate_step(self, version: int) -> int | None:
+        from .migrations import migrate_step  # loaded on first use
         return migrate_step(self.target, version)
 
     def connect(self, *, synchronous: str = "FULL") -> sqlite3.Connection:
