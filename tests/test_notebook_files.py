@@ -277,3 +277,36 @@ def test_notebook_00s_course_map_links_every_chapter(chapter: Path) -> None:
     course_map = [source(c) for c in load(NOTEBOOKS / "00_overview.ipynb")["cells"]
                   if source(c).startswith("## Course map")]
     assert len(course_map) == 1 and f"]({chapter.name})" in course_map[0]
+
+
+MOST_PACKAGE_NAMES = 15  # a chapter imports what it uses from a few places, in a few names
+
+
+def package_names(notebook: dict[str, Any]) -> list[str]:
+    """The names a notebook's code imports from ``queue_core`` (modules included)."""
+    import ast
+    names: list[str] = []
+    for cell in code_cells(notebook):
+        try:
+            tree = ast.parse(source(cell))
+        except SyntaxError:  # an exercise cell left for the learner to complete
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("queue_core"):
+                names += [alias.asname or alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names += [alias.asname or alias.name for alias in node.names
+                          if alias.name.startswith("queue_core")]
+    return names
+
+
+@pytest.mark.parametrize("path", PATHS, ids=IDS)
+def test_a_notebook_imports_at_most_fifteen_names_of_the_package(path: Path) -> None:
+    names = package_names(load(path))
+    assert len(names) <= MOST_PACKAGE_NAMES, sorted(names)
+
+
+def test_the_count_sees_every_kind_of_import() -> None:
+    cell = {"cell_type": "code", "source": "from queue_core import Queue, ModelClock\n"
+            "from queue_core.lab import story as s\nimport queue_core.audit\n"}
+    assert package_names({"cells": [cell]}) == ["Queue", "ModelClock", "s", "queue_core.audit"]
