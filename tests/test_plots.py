@@ -249,7 +249,10 @@ def test_metrics_frame_and_plot_follow_the_samples(queue: Queue, model_clock: Mo
     assert ages.get_xlabel() == "model time (s)"
     age = ages.lines[0].get_ydata()
     assert list(age[:2]) == [0, 3] and pd.isna(age[2])  # no message due: a gap, not 0
-    assert [t.get_text() for t in ages.texts] == ["none\ndue"]
+    assert [t.get_text() for t in ages.texts] == ["none\ndue"]  # once per stretch, shaded
+    assert [t.get_fontsize() >= 9 for t in ages.texts] == [True]
+    assert [(p.get_x(), p.get_width()) for p in ages.patches] == [(1003, 0.5)]
+    assert any(t.get_text().startswith("none due") for t in ages.get_legend().get_texts())
 
 
 def test_a_true_time_axis_shows_each_backoff_wait_in_whole_seconds(
