@@ -249,7 +249,10 @@ def test_metrics_frame_and_plot_follow_the_samples(queue: Queue, model_clock: Mo
     assert ages.get_xlabel() == "model time (s)"
     age = ages.lines[0].get_ydata()
     assert list(age[:2]) == [0, 3] and pd.isna(age[2])  # no message due: a gap, not 0
-    assert [t.get_text() for t in ages.texts] == ["none\ndue"]
+    assert [t.get_text() for t in ages.texts] == ["none\ndue"]  # once per stretch, shaded
+    assert [t.get_fontsize() >= 9 for t in ages.texts] == [True]
+    assert [(p.get_x(), p.get_width()) for p in ages.patches] == [(1003, 0.5)]
+    assert any(t.get_text().startswith("none due") for t in ages.get_legend().get_texts())
 
 
 def test_a_true_time_axis_shows_each_backoff_wait_in_whole_seconds(
@@ -464,3 +467,29 @@ def _inside(ax: Any, axis: Any, label: Any) -> bool:
     low, high = sorted(ax.get_xlim() if axis is ax.xaxis else ax.get_ylim())
     x, y = label.get_position()
     return bool(low <= (x if axis is ax.xaxis else y) <= high)
+
+
+@pytest.mark.parametrize("ratios", THROUGHPUT_RATIOS.values(), ids=THROUGHPUT_RATIOS.keys())
+def test_the_two_figures_at_k_1_are_labelled_apart_inside_the_axes_in_the_order_of_their_points(
+        ratios: dict[str, float]) -> None:
+    from matplotlib.text import Text
+
+    from queue_core.lab.speed import plot_throughput
+
+    fig = plot_throughput({"vs_raw": ratios, "peers": THROUGHPUT_PEERS},
+                          ours={"single": "ours: the worker loop"},
+                          peers={p["name"]: p["name"] for p in THROUGHPUT_PEERS})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    by_k = fig.axes[0]
+    labels = [t for t in by_k.texts if ": " in t.get_text()]
+    assert [t.get_text() for t in labels] == sorted(
+        [f"the worker loop: {ratios['single']:.2f}",
+         f"K = 1 (claim, then complete): {ratios['batch_1']:.2f}"],
+        key=lambda text: -float(text.rpartition(": ")[2]))  # the higher point's label on top
+    boxes = [Text.get_window_extent(t, renderer) for t in labels]  # the text, not its line
+    frame, legend = by_k.get_window_extent(renderer), by_k.get_legend().get_window_extent(renderer)
+    assert not boxes[0].overlaps(boxes[1]) and boxes[0].y0 > boxes[1].y0
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1
+               and not b.overlaps(legend) for b in boxes)
+    assert all(t.get_fontsize() >= 10 for t in labels)

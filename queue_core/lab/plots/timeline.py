@@ -312,6 +312,23 @@ def _times(counts: dict[str, int] | None, name: str) -> str:
     return "" if counts is None else f" ({counts[name]}\u00d7)"
 
 
+def _none_due(seconds: Sequence[int], age: Any) -> list[tuple[float, float]]:
+    """The stretches of model time in which no message was due (age NaN), each
+    from its first such sample to the next sample; one that runs to the last
+    sample ends there, or half a second after it if it is that sample alone."""
+    gaps: list[tuple[float, float]] = []
+    start = None
+    for n, (second, value) in enumerate(zip(seconds, age)):
+        missing = value != value  # NaN: no message was due at this second
+        if missing and start is None:
+            start = second
+        if start is not None and (not missing or n == len(seconds) - 1):
+            stop = second if not missing or second > start else second + 0.5
+            gaps.append((float(start), float(stop)))
+            start = None
+    return gaps
+
+
 def metrics_frame(samples: Iterable[Metrics]) -> "pd.DataFrame":
     """``Queue.metrics`` samples as rows indexed by model second ``at``."""
     import pandas as pd
@@ -327,7 +344,8 @@ def plot_metrics(samples: Iterable[Metrics],
     """Depth by state (stacked) above; below, the age of the oldest due message, the
     attempts spent by dead messages and the expired leases no claim has noticed yet.
     While no message is due (``oldest_ready_age`` is ``None``) the age line has a
-    gap, labelled "none due": an age of 0 would claim a message just arrived."""
+    gap, shaded and labelled "none due" once per stretch (and named in the legend):
+    an age of 0 would claim a message just arrived."""
     import matplotlib.pyplot as plt
 
     frame = metrics_frame(samples)
@@ -343,10 +361,12 @@ def plot_metrics(samples: Iterable[Metrics],
     age = frame["oldest_ready_age"].to_numpy(dtype=float, na_value=float("nan"))
     ages.step(seconds, age, where="post", color=STATE_COLORS[State.READY],
               label="age of oldest due message (s)")
-    for second, value in zip(seconds, age):
-        if value != value:  # NaN: no message was due at this second
-            ages.text(second, 0.3, "none\ndue", ha="left", va="bottom", fontsize=7,
-                      color=STATE_COLORS[State.READY])
+    gaps = _none_due(seconds, age)
+    for start, stop in gaps:
+        ages.axvspan(start, stop, color=STATE_COLORS[State.READY], alpha=0.12, lw=0)
+        ages.text((start + stop) / 2, 0.96, "none\ndue", transform=ages.get_xaxis_transform(),
+                  ha="center", va="top", fontsize=9, fontweight="bold",
+                  color=STATE_COLORS[State.READY])
     ages.step(seconds, frame["dead_attempts"].to_numpy(dtype=float), where="post",
               color=STATE_COLORS[State.DEAD], label="attempts spent by dead messages")
     ages.step(seconds, frame["expired_leases"].to_numpy(dtype=float), where="post",
@@ -354,7 +374,15 @@ def plot_metrics(samples: Iterable[Metrics],
     ages.set_ylabel("seconds, or count")
     ages.set_xlabel("model time (s)")
     ages.set_xticks(seconds)
-    ages.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    handles, _ = ages.get_legend_handles_labels()
+    if gaps:
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(color=STATE_COLORS[State.READY], alpha=0.12,
+                             label="none due: no message due,\nso no age (a gap, not 0)"))
+    ages.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    if gaps:
+        ages.set_xlim(right=max(max(seconds), gaps[-1][1]))
     for ax in (depth, ages):
         ax.grid(axis="y", color="0.85")
     fig.tight_layout()

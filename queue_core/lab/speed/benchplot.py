@@ -48,10 +48,7 @@ def plot_throughput(results: dict[str, Any], ours: Mapping[str, str],
               label="claim_batch + complete_batch, K a transaction")
     by_k.plot([1], [rel["single"]], "*", color="tab:purple", markersize=15,
               label="the worker loop: each ACK claims the next")
-    for value, words, below in ((rel["single"], "worker loop", rel["single"] < rel["batch_1"]),
-                                (rel["batch_1"], "K=1", rel["single"] >= rel["batch_1"])):
-        by_k.annotate(f"{words} {value:.2f}", (1, value), textcoords="offset points",
-                      xytext=(10, -12 if below else 4), fontsize="small")
+    at_one = _label_k_one(by_k, rel["single"], rel["batch_1"])
     by_k.plot(ks, ks, ":", color="grey", label="one fsync per K messages: K x the limit")
     by_k.axhline(1, color="tab:red", linestyle="--", label="raw single-row commit (the limit)")
     by_k.set(xscale="log", yscale="log", xticks=ks, xticklabels=[str(k) for k in ks],
@@ -88,4 +85,42 @@ def plot_throughput(results: dict[str, Any], ours: Mapping[str, str],
             axis.set_minor_formatter(NullFormatter())
     fig.suptitle("Measured in one interleaved run (medians of slices); ours in blue")
     fig.tight_layout()
+    _make_room_below(fig, by_k, at_one)
     return fig
+
+
+def _label_k_one(ax: Any, loop: float, batch_1: float) -> list[Any]:
+    """The two figures at K = 1, the worker loop's star and the K = 1 batch's dot,
+    which lie too close together for a label beside each: both labels go below
+    and to the right of the lower point, one under the other in the order of
+    their points (the higher point's label on top), each joined to its point by
+    a thin line, in type as large as the axis labels."""
+    from matplotlib.text import OffsetFrom
+
+    low = min(loop, batch_1)
+    anchor = OffsetFrom(ax.transData, (1, low))  # offsets in points from the lower point
+    figures = sorted([(loop, "the worker loop", "tab:purple"),
+                      (batch_1, "K = 1 (claim, then complete)", "tab:blue")],
+                     key=lambda figure: -figure[0])
+    return [ax.annotate(f"{words}: {value:.2f}", (1, value), xytext=(22, -12 - 18 * n),
+                        textcoords=anchor, ha="left", va="top", fontsize=10, color=color,
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none",
+                              "alpha": 0.9},
+                        arrowprops={"arrowstyle": "-", "color": color, "lw": 0.8,
+                                    "relpos": (0, 0.5), "shrinkA": 1, "shrinkB": 6})
+            for n, (value, words, color) in enumerate(figures)]
+
+
+def _make_room_below(fig: Any, ax: Any, labels: list[Any]) -> None:
+    """Lower the log axis's bottom until every label lies inside the axes."""
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    for _ in range(12):
+        frame = ax.get_window_extent(renderer)
+        for label in labels:  # where the new limits put it; then its text's box, without its line
+            label.update_positions(renderer)
+        if all(Text.get_window_extent(label, renderer).y0 >= frame.y0 + 3 for label in labels):
+            return
+        low, high = ax.get_ylim()
+        ax.set_ylim(bottom=low / 1.5, top=high)

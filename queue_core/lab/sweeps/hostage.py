@@ -9,8 +9,17 @@ forwarding (``how="blackhole"``: a network that drops everything) or the
 process stops itself with ``SIGSTOP`` (``how="stopped"``: a suspended VM,
 a process paused by a debugger). Its lease has passed on the model clock,
 so another worker may recover the message as soon as the row is free: it
-polls ``claim()`` against a real-time deadline, and the run reports how
-many real seconds the message was held.
+polls ``claim()`` against a real-time deadline.
+
+How long the message was held is read from the server's own clock, not
+from the poller's: a session queued on the message's row lock (``FOR
+UPDATE``, from just after the stall began) notes ``clock_timestamp()`` the
+moment it gets the row, and ``held`` is that minus the stalled transaction's
+``xact_start`` in ``pg_stat_activity``. ``transaction_timeout`` counts from
+that same start, so where it freed the row ``held >= bound`` holds by
+construction; how far above the bound depends only on how soon the busy
+server acted on its timer and woke the waiting session. The poller's own
+figure (``freed_after``) adds its polling interval and its own scheduling.
 
 The stalled backend is ``active`` and waits on ``ClientRead``: it sits in
 the middle of a pipeline, so ``idle_in_transaction_session_timeout`` never
@@ -28,10 +37,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ... import audit
 from ...clock import ModelClock
@@ -72,6 +83,8 @@ class HostageRun:
     server_major: int
     bound: float | None            # transaction_timeout in seconds; None where there is none
     freed_after: float | None      # real seconds from the stall to another worker's claim
+    held: float | None             # server's clock: the stalled transaction's start to the
+                                   # moment a session waiting for the row got it
     watched: float                 # how long the other worker tried, in real seconds
     freed_after_end: float | None  # where nothing freed it: seconds after the stall ended
     holder: tuple[str, str]        # the stalled backend: state, wait event
@@ -89,7 +102,9 @@ def hold_hostage(server: str, how: str = "blackhole", *,
     ``transaction_timeout_ms`` overrides the module's limit for this run
     (``queue_core.postgres.TRANSACTION_TIMEOUT_MS``); ``watch_seconds`` is
     how long the other worker tries (by default the bound and 3 s more, or
-    3 s where there is no bound).
+    3 s where there is no bound). ``freed_after`` is ``None`` where nothing
+    freed the message while the stall lasted; ``held`` counts to whenever the
+    row came free, during the stall or after it ended.
     """
     if how not in ("blackhole", "stopped"):
         raise ValueError(f"how must be 'blackhole' or 'stopped', got {how!r}")
@@ -106,11 +121,13 @@ def hold_hostage(server: str, how: str = "blackhole", *,
     proxy = (FaultProxy(server, Fault("blackhole", statement="COMMIT", after=CLAIM_STATEMENT,
                                       seconds=60), lifetime=watch + 60)
              if how == "blackhole" else None)
+    waiter = _RowWaiter(db, EVENT["event_id"], watch + 20)  # connected before the stall
     worker = _start(proxy.dsn(worker_db) if proxy else worker_db, victim, how)
     try:
         _wait_for_stall(worker, proxy)
         stalled = time.monotonic()
-        holder = _backend(db, victim)
+        waiter.start()
+        holder, began = _backend(db, victim)
         other = Queue(db, clock=ModelClock(1000 + LEASE + 1), lease_seconds=LEASE)
         freed_after = _poll_claim(other, stalled + watch, stalled)
         freed_after_end = None
@@ -119,19 +136,23 @@ def hold_hostage(server: str, how: str = "blackhole", *,
             ended = time.monotonic()
             freed_after_end = _poll_claim(other, ended + 10, ended)
         line = _last_line(worker)
+        got = waiter.result()
     finally:
         _reap(worker)
         if proxy is not None:
             proxy.close()
+        waiter.close()
+    held = None if got is None or began is None else (got - began).total_seconds()
     try:
-        return _judged(db, how, major, bound, freed_after, watch, freed_after_end, holder, line)
+        return _judged(db, how, major, bound, freed_after, held, watch, freed_after_end, holder,
+                       line)
     finally:
         drop_schema(db)
 
 
 def _judged(db: str, how: str, major: int, bound: float | None, freed_after: float | None,
-            watch: float, freed_after_end: float | None, holder: tuple[str, str],
-            line: str) -> HostageRun:
+            held: float | None, watch: float, freed_after_end: float | None,
+            holder: tuple[str, str], line: str) -> HostageRun:
     """Finish what is left (a later worker, past every lease), then audit."""
     later = Queue(db, clock=ModelClock(1000 + 3 * LEASE), lease_seconds=LEASE)
     while (lease := later.claim()) is not None:
@@ -139,7 +160,7 @@ def _judged(db: str, how: str, major: int, bound: float | None, freed_after: flo
     snap = audit.snapshot(db)
     if audit.check(snap):
         raise AssertionError(f"the audit found: {audit.check(snap)}")
-    return HostageRun(how, major, bound, freed_after, watch, freed_after_end, holder, line,
+    return HostageRun(how, major, bound, freed_after, held, watch, freed_after_end, holder, line,
                       snap.money, len(snap.effect_rows), tuple(snap.status.states.items()))
 
 
@@ -185,13 +206,56 @@ def _stopped(pid: int) -> bool:
         return False
 
 
-def _backend(db: str, victim: str) -> tuple[str, str]:
+def _backend(db: str, victim: str) -> tuple[tuple[str, str], Any]:
+    """The stalled backend's state and wait event, and when its transaction
+    began by the server's clock (``None`` if it is gone)."""
     import psycopg
 
     with psycopg.connect(db) as conn:
-        row = conn.execute("SELECT state, coalesce(wait_event, '') FROM pg_stat_activity "
-                           "WHERE application_name = %s", (victim,)).fetchone()
-    return (str(row[0]), str(row[1])) if row else ("gone", "")
+        row = conn.execute("SELECT state, coalesce(wait_event, ''), xact_start "
+                           "FROM pg_stat_activity WHERE application_name = %s",
+                           (victim,)).fetchone()
+    return ((str(row[0]), str(row[1])), row[2]) if row else (("gone", ""), None)
+
+
+class _RowWaiter:
+    """A session that asks for the message's row lock (``FOR UPDATE``, waiting
+    as long as it takes, up to ``limit`` seconds) and notes, by the server's
+    clock, the moment it got it; it lets the row go at once (autocommit), so
+    the other worker's claim is delayed by no more than one poll. Connected
+    when made, so that asking costs one message to the server."""
+
+    def __init__(self, db: str, event_id: str, limit: float) -> None:
+        import psycopg
+
+        self._conn = psycopg.connect(db, autocommit=True)
+        self._conn.execute(f"SET statement_timeout = {int(limit * 1000)}")
+        self._event_id = event_id
+        self._got: Any = None
+        self._thread = threading.Thread(target=self._wait, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _wait(self) -> None:
+        try:  # the subquery takes the lock; the outer clock_timestamp() runs once it has it
+            row = self._conn.execute(
+                "SELECT clock_timestamp() FROM (SELECT 1 FROM messages WHERE event_id = %s "
+                "FOR UPDATE) AS locked", (self._event_id,)).fetchone()
+            self._got = row[0] if row else None
+        except Exception:  # noqa: BLE001 - no figure (None) rather than a wrong one
+            self._got = None
+
+    def result(self) -> Any:
+        """When the row was got, by the server's clock, or ``None``."""
+        self._thread.join()
+        return self._got
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._conn.cancel_safe()
+            self._thread.join()
+        self._conn.close()
 
 
 def _end_stall(worker: subprocess.Popen[str], proxy: FaultProxy | None) -> None:
