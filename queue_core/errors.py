@@ -125,12 +125,15 @@ class PayloadDiffers(IntegrityViolation):
 class UnusableFile(QueueError):
     """The file cannot be used as a queue, and nothing was written to it.
 
-    ``code`` is ``not_a_queue`` (another application's database),
-    ``schema_too_new``, ``not_a_database`` (not SQLite, or truncated),
-    ``no_queue_file`` (a reading command found no queue to read),
-    ``hot_journal`` (a killed writer's journal must be rolled back, and this
-    process may not write) or ``cannot_connect`` (a PostgreSQL server that
-    cannot be reached, or refuses the credentials).
+    ``code`` is ``not_a_queue`` (another application's database, or the
+    queue's mark on a file that holds no queue), ``schema_too_new``,
+    ``schema_too_old`` (a write to a queue not yet migrated),
+    ``not_a_database`` (not SQLite, truncated or damaged), ``no_queue_file``
+    (a reading command found no queue to read), ``hot_journal`` (a killed
+    writer's journal must be rolled back, and this process may not write),
+    ``migration_failed`` or ``migration_blocked`` (``migrate`` changed
+    nothing) or ``cannot_connect`` (a PostgreSQL server that cannot be
+    reached, or refuses the credentials).
     """
 
     def __init__(self, code: str, message: str) -> None:

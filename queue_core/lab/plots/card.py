@@ -59,8 +59,9 @@ def rejection_codes() -> tuple[str, ...]:
 
 def _ack(changes: str, note: str) -> Row:
     return Row("one write: the effect **and** the ACK",
-               "state `leased`, the same `generation`, `lease_until > now`; again after the "
-               "handler ran, as the guard of the `done` UPDATE", changes,
+               "state `leased`, the same `generation`, `lease_until > now`; the stored payload's "
+               "SHA-256 is the one kept since enqueue; the lease again after the handler ran, as "
+               "the guard of the `done` UPDATE", changes,
                (LOST, ("InvalidPayload", ("invalid_payload",)),
                 ("TransientError", ("transient_error",)), UNKNOWN, INTEGRITY, EDITED), note)
 
@@ -108,21 +109,25 @@ ROWS: dict[str, Row] = {
     "claim_batch": Row("one write for up to `limit` claims", "as `claim`, for each",
                        "as `claim`, for each", (),
                        "none: `[]` when nothing is due; `ValueError` for a `limit` below 1"),
-    "complete": _ack("INSERT the effect; `leased → done`",
+    "complete": _ack("INSERT the effect; `leased → done` (an edited payload: no effect, "
+                     "`leased → dead`, reason `payload_differs`)",
                      "all roll the whole transaction back, INSERT included, but "
                      "`payload_differs` (the stored payload is not the one enqueued), which "
                      "commits the message `dead` with that reason and no effect"),
     "complete_and_claim": _ack(
         "as `complete`, then claims the next due message as `claim` does, in the SAME "
         "transaction (one commit, one fsync per message); returns `(effect, next lease or None)`",
-        "as `complete`: a refused ACK claims nothing. On PostgreSQL it is one call of the "
-        "schema's step function (one round trip): the effect comes from the payload the claim "
+        "as `complete`: a refused ACK claims nothing. On PostgreSQL, for a handler that does "
+        "not override `apply`, it is one call of the schema's step function (one round trip): "
+        "the effect comes from the payload the claim "
         "returned, which must be the one enqueued; a lease carrying another copy is refused "
         "with `payload_differs` and nothing written"),
     "complete_batch": Row(
         "one write, a savepoint per lease", "as `complete`, per lease",
         "as `complete`, for each lease that passes", (),
-        "each refusal is returned in the list in place of that lease's `Effect`, not raised"),
+        "each refusal is returned in the list in place of that lease's `Effect`, not raised; "
+        "each is rolled back alone, but `payload_differs`, whose move to `dead` commits with "
+        "the others"),
     "extend": _fenced("one write (the heartbeat)",
                       "`lease_until = now + seconds`; state and generation stay; not journalled "
                       "(leased to leased is no edge); an expired lease cannot be revived",
