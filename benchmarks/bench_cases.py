@@ -325,17 +325,17 @@ class EndToEnd(Case):
 class QueueSize(Case):
     """Consume a fixed slice, one message per claim and ACK, from a queue kept at ``size``.
 
-    ``size`` may exceed the 10,000 ids that ``E`` + four digits allow, so the
-    fill (not measured) writes ids of six digits with the id-shape CHECK off
-    on the filling connection only; the fill writes what ``enqueue`` writes
-    (the row and its journal entry). Claim and complete run unchanged: no
-    other constraint is switched off, and none of them reads the id's shape.
+    ``size`` may exceed the 10,000 ids of a course queue, so the queue is a
+    ``general`` one (``ids``), whose ids here are ``E`` and six digits; the
+    fill (not measured) writes what ``enqueue`` writes (the row and its
+    journal entry), every constraint checked. Claim and complete run as in
+    every other case.
     """
 
     def __init__(self, workdir: Path, size: int, n: int, worker: Worker) -> None:
         super().__init__(f"size_{size}", f"ours, single message, {size:,} queued")
         self.db, self.size, self.n = workdir / f"size-{size}.sqlite3", size, n
-        Queue(self.db)
+        Queue(self.db, ids="general")
         self.keeper = Keeper(self.db)
         self.next_id = self.consumed = self.money = 0
         self._fill(size)
@@ -347,7 +347,6 @@ class QueueSize(Case):
         ids = range(self.next_id, self.next_id + count)
         conn = connect(self.db)
         try:
-            conn.execute("PRAGMA ignore_check_constraints = ON")
             conn.execute("BEGIN IMMEDIATE")
             due = int(time.time()) - 1
             conn.executemany("INSERT INTO messages (event_id, payload, payload_sha256, "

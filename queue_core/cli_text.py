@@ -10,6 +10,7 @@ import json
 from datetime import datetime, timezone
 
 from .errors import CONNECTION_LOST_OUTCOME  # noqa: F401 - re-exported for the CLI
+from .ids import COURSE, described
 from .values import Metrics, Status
 
 
@@ -40,7 +41,13 @@ def status_lines(status: Status, *, as_json: bool) -> list[str]:
             *_pruned(status.pruned),
             f"effects: {status.effects}",
             *(f"  {category:<8}{cents:>12}" for category, cents in status.totals.items()),
-            f"total:   {status.total}"]
+            f"total:   {status.total}",
+            *_ids(status.ids)]
+
+
+def _ids(rule: str) -> list[str]:
+    """The line on the id rule, for a queue that does not have the course's."""
+    return [] if rule == COURSE else [f"ids:     {rule} ({described(rule)})"]
 
 
 def _pruned(pruned: int) -> list[str]:
@@ -60,7 +67,7 @@ def metrics_lines(metrics: Metrics, *, as_json: bool, model_time: bool) -> list[
                             "next_due_at": metrics.next_due_at,
                             "expired_leases": metrics.expired_leases,
                             "dead_attempts": dict(metrics.dead_attempts),
-                            "pruned": metrics.pruned})]
+                            "pruned": metrics.pruned, "ids": metrics.ids})]
     clock = "model time" if model_time else \
         f"{datetime.fromtimestamp(metrics.at, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
     expired = metrics.expired_leases
@@ -75,6 +82,8 @@ def metrics_lines(metrics: Metrics, *, as_json: bool, model_time: bool) -> list[
     }
     if metrics.pruned:
         lines["pruned"] = f"{metrics.pruned} done messages (payload and journal dropped)"
+    if metrics.ids != COURSE:
+        lines["ids"] = f"{metrics.ids} ({described(metrics.ids)})"
     return [f"{name + ':':<16}{value}" for name, value in lines.items()]
 
 

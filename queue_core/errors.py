@@ -122,6 +122,13 @@ class PayloadDiffers(IntegrityViolation):
         self.dead_lettered = dead_lettered
 
 
+class IdRuleDiffers(QueueError):
+    """A queue was opened with an id rule other than the one it was created with
+    (``ids``): a queue never changes its rule, and nothing was written."""
+
+    code = "id_rule_differs"
+
+
 class UnusableFile(QueueError):
     """The file cannot be used as a queue, and nothing was written to it.
 

@@ -20,7 +20,8 @@ Rejection codes (``BatchRejected.code``):
 ``not_an_object``             the line is not a JSON object
 ``missing_key``               ``event_id`` or ``payload`` is absent
 ``unexpected_key``            a key other than ``event_id`` and ``payload``
-``invalid_event_id``          not ``E`` and exactly four ASCII digits
+``invalid_event_id``          not an id under the queue's rule (``ids``): for the
+                              course's, ``E`` and exactly four ASCII digits
 ``payload_not_object``        ``payload`` is not a JSON object
 ``unencodable_string``        a string with no UTF-8 form (a lone surrogate)
 ``payload_too_large``         the canonical payload exceeds 10,000 bytes
@@ -39,12 +40,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .errors import BatchConflict, BatchRejected
+from .ids import COURSE, matches, why_not
 
 MAX_FILE_BYTES = 1_000_000
 MAX_LINES = 1000
 MAX_PAYLOAD_BYTES = 10_000
 MAX_DEPTH = 64
-EVENT_ID = re.compile(r"E[0-9]{4}")
+EVENT_ID = re.compile(r"E[0-9]{4}")  # the course's rule (``ids``)
 _BOM = b"\xef\xbb\xbf"
 _JSON_SPACE = " \t\r"
 
@@ -64,6 +66,7 @@ class Batch:
 
     events: tuple[Event, ...]
     repeats: int
+    ids: str = COURSE  # the rule its event ids were checked against (``ids``)
 
     def __len__(self) -> int:
         return len(self.events)
@@ -89,7 +92,7 @@ def canonical_json(value: Any) -> str:
     return text
 
 
-def read_batch(path: str | os.PathLike[str]) -> Batch:
+def read_batch(path: str | os.PathLike[str], *, ids: str = COURSE) -> Batch:
     """Read and validate a JSONL file; see ``parse_batch`` for the rules."""
     try:
         with open(path, "rb") as handle:
@@ -99,11 +102,14 @@ def read_batch(path: str | os.PathLike[str]) -> Batch:
     except OSError as exc:
         raise BatchRejected("file_unreadable",
                             f"cannot read {os.fspath(path)}: {exc.strerror or exc}") from None
-    return parse_batch(data)
+    return parse_batch(data, ids=ids)
 
 
-def parse_batch(data: bytes | str) -> Batch:
+def parse_batch(data: bytes | str, *, ids: str = COURSE) -> Batch:
     """Validate a whole JSONL batch; return its distinct events in file order.
+
+    Event ids are checked against the rule ``ids`` (``ids``: the course's by
+    default); ``Queue.enqueue`` checks a batch against its queue's rule again.
 
     A repeat of an event id with the same canonical payload is counted in
     ``repeats``; with a different payload the batch is rejected
@@ -121,10 +127,22 @@ def parse_batch(data: bytes | str) -> Batch:
     if len(lines) > MAX_LINES:
         raise BatchRejected("too_many_lines",
                             f"{len(lines)} non-empty lines; a batch has at most {MAX_LINES}")
-    return _dedupe(_parse_line(number, raw) for number, raw in lines)
+    return _dedupe((_parse_line(number, raw, ids) for number, raw in lines), ids)
 
 
-def _dedupe(events: Iterable[Event]) -> Batch:
+def require_ids(batch: Batch, rule: str) -> None:
+    """Refuse a batch checked against another rule than ``rule`` if an event id
+    of it is none under ``rule`` (the first such line, as ``parse_batch`` would)."""
+    if batch.ids == rule:
+        return
+    for event in batch.events:
+        if not matches(rule, event.event_id):
+            raise BatchRejected("invalid_event_id", f"event_id {why_not(rule, event.event_id)}"
+                                f" (a {rule} queue), got {_short(event.event_id)}",
+                                line=event.line)
+
+
+def _dedupe(events: Iterable[Event], ids: str) -> Batch:
     seen: dict[str, Event] = {}
     repeats = 0
     for event in events:
@@ -138,10 +156,10 @@ def _dedupe(events: Iterable[Event]) -> Batch:
                 f"{event.event_id} repeats line {first.line} with a different payload; "
                 "a correction needs a new event id",
                 line=event.line, event_id=event.event_id)
-    return Batch(tuple(seen.values()), repeats)
+    return Batch(tuple(seen.values()), repeats, ids)
 
 
-def _parse_line(number: int, raw: bytes) -> Event:
+def _parse_line(number: int, raw: bytes, ids: str) -> Event:
     def reject(code: str, message: str) -> BatchRejected:
         return BatchRejected(code, message, line=number)
 
@@ -156,9 +174,9 @@ def _parse_line(number: int, raw: bytes) -> Event:
         raise reject("not_an_object", f"expected a JSON object, got {_kind(envelope)}")
     _check_keys(envelope, reject)
     event_id, payload = envelope["event_id"], envelope["payload"]
-    if not isinstance(event_id, str) or not EVENT_ID.fullmatch(event_id):
-        raise reject("invalid_event_id",
-                     f"event_id must be E followed by four ASCII digits, got {_short(event_id)}")
+    if not matches(ids, event_id):
+        raise reject("invalid_event_id", f"event_id {why_not(ids, event_id)}, "
+                     f"got {_short(event_id)}")
     if not isinstance(payload, dict):
         raise reject("payload_not_object", f"payload must be a JSON object, got {_kind(payload)}")
     return Event(number, event_id, _canonical_payload(payload, reject))

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from .clock import Clock, SystemClock
 from .crashpoints import crash_point
 from .errors import BatchConflict, NotRedrivable, UnknownEvent
-from .ingest import EVENT_ID, Batch, parse_batch, payload_digest, read_batch
+from .ids import COURSE, matches, require_rule, why_not
+from .ingest import Batch, parse_batch, payload_digest, read_batch, require_ids
 from .marks import refuse_other_version
 from .sqlite import SYNCHRONOUS_MODES
 from .stores import open_store
@@ -51,15 +52,19 @@ PRUNE_BATCH = 50  # messages per prune transaction (``retention``)
 
 
 
-def require_event_id(event_id: object) -> None:
-    """Refuse what is no event id as input, with ingest's code for it: ``NotRedrivable``
-    with code ``invalid_event_id`` (an id that is well formed but not stored is
-    ``UnknownEvent``: a fact of the queue, not of the input)."""
-    if not isinstance(event_id, str) or not EVENT_ID.fullmatch(event_id):
+def require_event_id(event_id: object, ids: str = COURSE) -> None:
+    """Refuse what is no event id under the rule ``ids`` as input, with ingest's
+    code for it: ``NotRedrivable`` with code ``invalid_event_id`` (an id that is
+    well formed but not stored is ``UnknownEvent``: a fact of the queue, not of
+    the input). Before a queue is opened, ``GENERAL`` refuses what no queue
+    could hold."""
+    if not matches(ids, event_id):
         meant = event_id.strip().upper() if isinstance(event_id, str) else None
-        hint = f": did you mean {meant!r}?" if meant and EVENT_ID.fullmatch(meant) else ""
-        raise NotRedrivable(f"{event_id!r} is not an event id (E followed by four ASCII digits)"
-                            f"{hint}", code="invalid_event_id")
+        hint = f": did you mean {meant!r}?" if meant and matches(ids, meant) else ""
+        what = ("E followed by four ASCII digits" if ids == COURSE
+                else f"under the {ids} rule, it {why_not(ids, event_id)}")
+        raise NotRedrivable(f"{event_id!r} is not an event id ({what}){hint}",
+                            code="invalid_event_id")
 
 
 def backoff_seconds(attempt: int) -> int:
@@ -84,6 +89,9 @@ class Queue(QueueAcks, QueueViews):
     ``fsync_claims=True`` fsyncs claims too. ``NORMAL`` fsyncs nothing per
     commit: a labelled trade of durability on power loss for speed.
     ``create=False`` refuses a missing file instead of creating it.
+    ``ids`` is the rule a new queue's event ids follow (``ids``: ``course``,
+    the default, or ``general``); given for an existing queue, it must be
+    the rule that queue was created with (else ``IdRuleDiffers``).
 
     Opening writes nothing to a file that is not new and empty or marked as
     the queue's own: anything else raises ``UnusableFile`` (see ``sqlite``);
@@ -93,8 +101,10 @@ class Queue(QueueAcks, QueueViews):
     def __init__(self, path: str | os.PathLike[str], *, clock: Clock | None = None,
                  lease_seconds: int = 30, max_attempts: int = 3,
                  synchronous: str = "FULL", fsync_claims: bool = False,
-                 create: bool = True) -> None:
+                 create: bool = True, ids: str | None = None) -> None:
         _require_positive("lease_seconds", lease_seconds)
+        if ids is not None:
+            require_rule(ids)
         _require_positive("max_attempts", max_attempts)
         if synchronous not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}, got {synchronous!r}")
@@ -112,7 +122,8 @@ class Queue(QueueAcks, QueueViews):
         self._recover_sql = picking(RECOVER, self.store.expired, self.store.picked)
         # An earlier schema version is read as it is; every write refuses it
         # (``transaction``) until ``migrations.migrate`` upgraded it.
-        self.schema_version = self.store.prepare(create=create)
+        self.schema_version = self.store.prepare(create=create, ids=ids)
+        self._id_rule = ids  # read on first use when not given: most calls never need it
 
     def __repr__(self) -> str:
         return (f"Queue({self.store.describe()!r}, clock={self.clock!r}, "
@@ -136,6 +147,13 @@ class Queue(QueueAcks, QueueViews):
         finally:
             conn, self._session = self._session, None
             conn.close()
+
+    @property
+    def id_rule(self) -> str:
+        """The rule this queue's event ids follow (``ids``), chosen when it was created."""
+        if self._id_rule is None:
+            self._id_rule = self.store.id_rule(self.schema_version)
+        return self._id_rule
 
     @property
     def connection(self) -> sqlite3.Connection | None:
@@ -189,8 +207,11 @@ class Queue(QueueAcks, QueueViews):
         already stored with a different payload; then nothing is written.
         Payloads are compared by their SHA-256, which the queue keeps for
         every event forever: a replay of a pruned event gets the same
-        answer as before it was pruned.
+        answer as before it was pruned. A batch whose ids were checked
+        against another rule than the queue's is checked again
+        (``invalid_event_id``) before anything is written.
         """
+        require_ids(batch, self.id_rule)
         with self.transaction() as conn:
             self.store.serialize_enqueue(conn)
             now = self.clock.now()
@@ -216,11 +237,11 @@ class Queue(QueueAcks, QueueViews):
 
     def enqueue_file(self, path: str | os.PathLike[str]) -> EnqueueResult:
         """Validate a JSONL file whole, then ``enqueue`` it (codes: see ``ingest``)."""
-        return self.enqueue(read_batch(path))
+        return self.enqueue(read_batch(path, ids=self.id_rule))
 
     def enqueue_jsonl(self, text: str | bytes) -> EnqueueResult:
         """Validate JSONL text whole, then ``enqueue`` it (codes: see ``ingest``)."""
-        return self.enqueue(parse_batch(text))
+        return self.enqueue(parse_batch(text, ids=self.id_rule))
 
     # -- claim ----------------------------------------------------------------
 
@@ -362,7 +383,7 @@ class Queue(QueueAcks, QueueViews):
         dead; ``invalid_event_id``: what was given is no event id, refused
         before the database is read) and changes nothing.
         """
-        require_event_id(event_id)
+        require_event_id(event_id, self.id_rule)
         with self.transaction() as conn:
             now = self.clock.now()
             journal: list[tuple[Any, ...]] = []

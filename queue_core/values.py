@@ -112,11 +112,13 @@ class Status:
     totals: Mapping[str, int]
     total: int
     pruned: int = 0  # done messages whose payload and journal were pruned
+    ids: str = "course"  # the rule the queue's event ids follow (``ids``)
 
     def as_dict(self) -> dict[str, Any]:
         """The shape ``status --json`` prints."""
         return {"states": dict(self.states), "effects": self.effects,
-                "totals": dict(self.totals), "total": self.total, "pruned": self.pruned}
+                "totals": dict(self.totals), "total": self.total, "pruned": self.pruned,
+                "ids": self.ids}
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,7 @@ class Metrics:
     dead_attempts: Mapping[str, int]
     next_due_at: int | None = None
     pruned: int = 0  # done messages whose payload and journal were pruned
+    ids: str = "course"  # the rule the queue's event ids follow (``ids``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ facts. ``Queue`` inherits these.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .clock import Clock
@@ -32,6 +33,7 @@ class QueueViews:
     path: str
     store: Store
     _session: sqlite3.Connection | None
+    id_rule: str  # ``Queue.id_rule``
 
     def _read(self, body: Callable[[Any], T]) -> T:
         """``body(conn)`` in one read transaction: on the open session's
@@ -45,14 +47,14 @@ class QueueViews:
     def status(self) -> Status:
         """Counts per state, effects and money, as stored, at one moment; recovers nothing."""
         from . import audit  # loaded on first use, as in every call below
-        return self._read(audit.read_status)
+        return replace(self._read(audit.read_status), ids=self.id_rule)
 
     def metrics(self) -> Metrics:
         """Depth by state, age of the oldest due message, expired leases not yet
         recovered, and the attempts each dead message spent; recovers nothing."""
         from . import audit
         now = self.clock.now()
-        return self._read(lambda conn: audit.read_metrics(conn, now))
+        return replace(self._read(lambda conn: audit.read_metrics(conn, now)), ids=self.id_rule)
 
     def message(self, event_id: str) -> Message:
         """The stored row of one message; raises ``UnknownEvent``."""

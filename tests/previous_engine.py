@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from queue_core.lab.lifetime.earlier import (ENGINES, SCHEMA2_ENGINE, SCHEMA3_ENGINE, NoHistory,
-                                            earlier_cli, export_engine, run_earlier)
+from queue_core.lab.lifetime.earlier import (ENGINES, SCHEMA2_ENGINE, SCHEMA3_ENGINE,
+                                            SCHEMA4_ENGINE, NoHistory, earlier_cli,
+                                            export_engine, run_earlier)
 
-__all__ = ["ENGINES", "SCHEMA2_ENGINE", "SCHEMA3_ENGINE", "cli", "export", "has_history",
-           "require_history", "run"]
+__all__ = ["ENGINES", "SCHEMA2_ENGINE", "SCHEMA3_ENGINE", "SCHEMA4_ENGINE", "cli", "export",
+           "has_history", "require_history", "run"]
+SCHEMA_ENGINES = (SCHEMA2_ENGINE, SCHEMA3_ENGINE, SCHEMA4_ENGINE)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def has_history() -> bool:
     """Whether this checkout holds the commits of ``ENGINES`` and the schema engines."""
     try:
-        for commit in (*ENGINES, SCHEMA2_ENGINE, SCHEMA3_ENGINE):
+        for commit in (*ENGINES, *SCHEMA_ENGINES):
             subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"],
                            check=True, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -43,7 +45,7 @@ def require_history() -> None:
     """Skip (or, under CI, fail) a test that needs an earlier engine from git history."""
     if has_history():
         return
-    why = (f"the earlier engines ({', '.join((*ENGINES, SCHEMA2_ENGINE, SCHEMA3_ENGINE))}) "
+    why = (f"the earlier engines ({', '.join((*ENGINES, *SCHEMA_ENGINES))}) "
            "come from git history, and "
            f"{ROOT} is not a git checkout that holds them (a source archive?)")
     if os.environ.get("CI"):

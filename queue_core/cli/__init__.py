@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "queue-core --now 1000 enqueue data/demo.jsonl")
     enqueue.add_argument("file", metavar="FILE",
                          help="a JSONL file: one {\"event_id\", \"payload\"} object per line")
+    enqueue.add_argument("--ids", type=_rule, default=None, metavar="RULE",
+                         help="the rule a new queue's event ids follow, chosen once: course "
+                              "(E and four digits, at most 10,000 events in a queue's life) "
+                              "or general (1 to 128 ASCII letters, digits and _ . : -); "
+                              "an existing queue must have it (default: the queue's own, "
+                              "course for a new one)")
     work = _command(commands, "work", "process every message due now (at most N with --max), "
                     "then exit", "queue-core --now 1000 work --accept toy")
     work.add_argument("--lease-seconds", type=_positive, default=DEFAULT_LEASE_SECONDS,
@@ -106,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     redrive = _command(commands, "redrive", "send a dead message back to ready",
                        "queue-core redrive E0004")
     redrive.add_argument("event_id", metavar="EVENT_ID",
-                         help="the dead message's id, E followed by four digits")
+                         help="the dead message's id, under the queue's rule (E followed "
+                              "by four digits in a course queue)")
     prune = _command(commands, "prune", "drop the payload and journal of done messages "
                      "finished at least S seconds ago; keys, digests and effects stay forever",
                      "queue-core prune --older-than 86400")
@@ -345,6 +352,14 @@ def _whole(text: str, code: str, what: str, least: int, most: int) -> int:
         raise argparse.ArgumentTypeError(f"{code}: expected {what}, a whole number from "
                                          f"{least} to {most}, got {text!r}")
     return int(text)
+
+
+def _rule(text: str) -> str:
+    """An id rule (``--ids``): one of ``ids.RULES``."""
+    if text not in ("course", "general"):  # ``ids.RULES``, without loading the engine
+        raise argparse.ArgumentTypeError(f"unknown_id_rule: expected course or general, "
+                                         f"got {text!r}")
+    return text
 
 
 def _target(text: str) -> str:

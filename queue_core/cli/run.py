@@ -15,10 +15,11 @@ from ..cli_text import CONNECTION_LOST_OUTCOME, metrics_lines, status_lines, wor
 from ..clock import Clock, ModelClock, SystemClock
 from ..errors import ConnectionLost, IntegrityViolation, LockTimeout, QueueError, UnusableFile
 from ..handler import Handler
-from ..ingest import read_batch
+from ..ids import COURSE, GENERAL, require_same_rule
+from ..ingest import read_batch, require_ids
 from ..migrations import migrate
 from ..queue import Queue, require_event_id
-from ..sqlite import may_write, read, roll_back_hot_journal, unwritable
+from ..sqlite import file_rule, may_write, read, roll_back_hot_journal, unwritable
 from ..stores import is_connection_string, open_store
 from ..values import Lease
 from ..worker import drain
@@ -62,15 +63,36 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OPERATIONAL
 
 
+def _known_rule(args: argparse.Namespace) -> str:
+    """The id rule input is checked against before the queue is opened: the one
+    ``--ids`` gives, else the file's own (read as a reading command reads), the
+    course's for a file that is no queue yet. A PostgreSQL server is not reached
+    before the input is checked: there the general rule refuses what no queue
+    could hold, and the queue's own rule is checked once connected."""
+    given = getattr(args, "ids", None)
+    if is_connection_string(args.db):
+        return GENERAL
+    try:
+        rule = file_rule(args.db)
+    except (UnusableFile, OSError, sqlite3.Error):  # the command meets it again, and says so
+        return given or COURSE
+    if rule is None:  # no queue yet: enqueue creates one with the rule given
+        return given or COURSE
+    if given is not None:  # a queue's rule is chosen once: a second choice is refused first
+        require_same_rule(args.db, rule, given)
+    return rule
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from ..lab.story import run_demo  # the course's scenario, with a real crashing child
         run_demo(say=_say)
         return 0
+    rule = _known_rule(args) if args.command in ("enqueue", "redrive") else COURSE
     # A rejected batch must leave no trace, not even a new empty database file.
-    batch = read_batch(args.file) if args.command == "enqueue" else None
-    if args.command == "redrive":  # refused input, before any file or server is looked at
-        require_event_id(args.event_id)
+    batch = read_batch(args.file, ids=rule) if args.command == "enqueue" else None
+    if args.command == "redrive":  # refused input, before any queue is opened
+        require_event_id(args.event_id, rule)
     reading = args.command in READING_COMMANDS
     if not is_connection_string(args.db):
         _require_folder(args.db)
@@ -83,10 +105,19 @@ def _run(args: argparse.Namespace) -> int:
         # Before the file's header is checked: a writer killed during COMMIT leaves a
         # header that counts pages not yet written, which would read as a truncated file.
         roll_back_hot_journal(args.db)
+    if batch is not None and is_connection_string(args.db):
+        # checked against the general rule before the server was reached: now its own
+        from ..postgres import PostgresStore
+        store = PostgresStore(args.db)
+        here = store.rule_here()
+        if here is not None and args.ids is not None:
+            require_same_rule(store.describe(), here, args.ids)
+        require_ids(batch, here or args.ids or COURSE)
     clock: Clock = ModelClock(args.now) if args.now is not None else _system_clock(args.db)
     # Only enqueue creates: a mistyped --db must not become a new, empty queue.
     queue = Queue(args.db, clock=clock, create=args.command == "enqueue",
-                  lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS))
+                  lease_seconds=getattr(args, "lease_seconds", DEFAULT_LEASE_SECONDS),
+                  ids=getattr(args, "ids", None))
     if not reading and not is_connection_string(args.db):  # the file is the queue's: sound?
         _refuse_damaged(args.db)
     if batch is not None:

@@ -9,15 +9,17 @@ is ``step``.
 
 from __future__ import annotations
 
+from ..ids import COURSE, sql_check
 from ..marks import APPLICATION_ID
 from ..transitions import EXPIRED, LIVE
 
 # The schema version a PostgreSQL queue has: 2 as SQLite's, the worker's step as
 # a function of the schema (3), and that step holding the stored payload to the
-# digest kept from enqueue on (4). Each store counts its own versions: a SQLite
+# digest kept from enqueue on (4), and the rule its event ids follow recorded in
+# the meta row (5, as SQLite's 3). Each store counts its own versions: a SQLite
 # file has no use for a server-side function, and is not rewritten for one.
 # ``migrations`` upgrades a schema of every earlier version to it.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 META_TABLE = "queue_core_meta"
 
@@ -63,11 +65,17 @@ COMPACTED_TABLE = """CREATE TABLE compacted (
     amount_cents bigint NOT NULL
 )"""
 
+# The meta row's column that says which rule a queue's event ids follow (``ids``),
+# chosen when it is created; schema 5 adds it, every earlier queue a course queue.
+# A constant default: adding the column rewrites no row (PostgreSQL 11 and later).
+ID_RULE_COLUMN = ("id_rule text NOT NULL DEFAULT 'course' CONSTRAINT id_rule_known "
+                  "CHECK (id_rule IN ('course', 'general'))")
+
 # The SQLite schema's meaning, constraint for constraint, in PostgreSQL's words.
-SCHEMA = f"""
+_SCHEMA = f"""
 CREATE TABLE messages (
     event_id     text PRIMARY KEY
-                 CONSTRAINT event_id_shape CHECK (event_id ~ '^E[0-9]{{4}}$'),
+                 CONSTRAINT event_id_shape CHECK ({{id_check}}),
     payload      text CONSTRAINT payload_is_json
                  CHECK (payload IS NULL OR payload::json IS NOT NULL),
     payload_sha256 bytea NOT NULL
@@ -116,11 +124,20 @@ CREATE TABLE transitions (
 {COMPACTED_TABLE};
 CREATE TABLE {META_TABLE} (
     application_id bigint NOT NULL,
-    schema_version integer NOT NULL
+    schema_version integer NOT NULL,
+    {ID_RULE_COLUMN}
 );
-INSERT INTO {META_TABLE} (application_id, schema_version)
-    VALUES ({APPLICATION_ID}, {SCHEMA_VERSION})
+INSERT INTO {META_TABLE} (application_id, schema_version, id_rule)
+    VALUES ({APPLICATION_ID}, {SCHEMA_VERSION}, '{{rule}}')
 """
+
+
+def schema(ids: str = COURSE) -> str:
+    """The schema text of a new queue whose event ids follow the rule ``ids``."""
+    return _SCHEMA.format(id_check=sql_check(ids, "postgresql"), rule=ids)
+
+
+SCHEMA = schema(COURSE)  # the course's, the default
 
 _TABLES_HERE = ("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
                 "ORDER BY tablename")

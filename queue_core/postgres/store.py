@@ -47,12 +47,13 @@ import psycopg
 from ..clock import Clock
 from ..crashpoints import crash_point
 from ..errors import LockTimeout, UnusableFile
+from ..ids import COURSE, require_same_rule
 from ..marks import APPLICATION_ID, no_such_version, too_new
 from ..transitions import write_journal
 from ..values import Effect, Lease
 from .connection import PgConnection, _broken, _journalled, _Pending, pg_transaction, picked
 from .migrations import REWRITES_MESSAGES, STEPS as POSTGRES_STEPS
-from .schema import _TABLES_HERE, EXPIRED_READ, META_TABLE, SCHEMA, SCHEMA_VERSION
+from .schema import _TABLES_HERE, EXPIRED_READ, META_TABLE, SCHEMA_VERSION, schema
 from .session import (CLIENT_SETTINGS, TRANSACTION_TIMEOUT_MS, TRANSACTION_TIMEOUT_SINCE,
                       given_options, one_line, raise_translated, session_options)
 from .step import STEP_FUNCTION, STEP_MESSAGE
@@ -64,6 +65,7 @@ CONNECT_TIMEOUT_SECONDS = 10
 MIGRATION_LOCK_TIMEOUT = "5s"
 
 T = TypeVar("T")
+RULE_RECORDED = 5  # the first schema version whose meta row says the id rule
 
 
 class PostgresStore:
@@ -190,9 +192,11 @@ class PostgresStore:
         has no ``integrity_check``; reported as SQLite reports a sound file."""
         return ("ok",), ()
 
-    def prepare(self, *, create: bool = True) -> int:
+    def prepare(self, *, create: bool = True, ids: str | None = None) -> int:
         """Use the database's current schema as a queue, creating it if empty;
-        return its schema version.
+        return its schema version. A new queue's ids follow ``ids`` (the
+        course's rule when ``None``); an existing queue of another rule than
+        ``ids`` is refused (``IdRuleDiffers``), with nothing written.
 
         Raises ``UnusableFile``: ``cannot_connect``, ``not_a_queue`` (other
         tables and no mark), ``schema_too_new`` or ``no_queue_file`` (nothing
@@ -201,20 +205,42 @@ class PostgresStore:
         conn = self.connect()
         try:
             version = self.inspect(conn)
-            if version:
-                return version
-            if not create:
-                raise UnusableFile("no_queue_file", f"{self.describe()}: no queue here yet "
-                                   "(enqueue a batch to create one)")
-            with pg_transaction(conn):
-                # Two processes may create at once: the second waits, then finds the mark.
-                conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
-                if not self.inspect(conn):
-                    for statement in [*SCHEMA.split(";\n"), STEP_FUNCTION]:
-                        conn.execute(statement)
-            return SCHEMA_VERSION
+            if not version:
+                if not create:
+                    raise UnusableFile("no_queue_file", f"{self.describe()}: no queue here yet "
+                                       "(enqueue a batch to create one)")
+                with pg_transaction(conn):
+                    # Two processes may create at once: the second waits, then finds the mark.
+                    conn.execute("SELECT pg_advisory_xact_lock(?)", (APPLICATION_ID,))
+                    version = self.inspect(conn)
+                    if not version:
+                        for statement in [*schema(ids or COURSE).split(";\n"), STEP_FUNCTION]:
+                            conn.execute(statement)
+                        version = SCHEMA_VERSION
+            if ids is not None:
+                require_same_rule(self.describe(), self._id_rule(conn, version), ids)
+            return version
         finally:
             conn.close()
+
+    def rule_here(self) -> str | None:
+        """The id rule of the queue here, ``None`` if there is none yet; writes nothing."""
+        conn = self.connect()
+        try:
+            version = self.inspect(conn)
+            return self._id_rule(conn, version) if version else None
+        finally:
+            conn.close()
+
+    def id_rule(self, version: int) -> str:
+        """The rule this queue's event ids follow (``ids``), read from its meta row."""
+        return self.read(lambda conn: self._id_rule(conn, version))
+
+    @staticmethod
+    def _id_rule(conn: PgConnection, version: int) -> str:
+        if version < RULE_RECORDED:
+            return COURSE
+        return str(conn.execute(f"SELECT id_rule FROM {META_TABLE}").fetchone()[0])
 
     def migrate_step(self, version: int) -> int | None:
         """Upgrade from schema ``version`` to the next in ONE transaction, under the

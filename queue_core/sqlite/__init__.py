@@ -24,12 +24,12 @@ store class.
 
 from .connection import connect, read_transaction, transaction
 from .files import connect_readonly, may_write, read, roll_back_hot_journal, unwritable
-from .identity import inspect, prepare, schema_version
+from .identity import file_rule, inspect, prepare, schema_version
 from .schema import (BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, PAGE_SIZE, SCHEMA, SCHEMA_VERSION,
                      SYNCHRONOUS_MODES)
 from .store import SqliteStore, has_table, is_connection_string
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "CHECKPOINT_PAGES", "PAGE_SIZE", "SCHEMA", "SCHEMA_VERSION",
            "SYNCHRONOUS_MODES", "SqliteStore", "connect", "connect_readonly",
-           "has_table", "inspect", "is_connection_string", "may_write", "prepare", "read", "read_transaction", "roll_back_hot_journal", "schema_version",
+           "file_rule", "has_table", "inspect", "is_connection_string", "may_write", "prepare", "read", "read_transaction", "roll_back_hot_journal", "schema_version",
            "transaction", "unwritable"]

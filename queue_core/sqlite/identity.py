@@ -14,13 +14,17 @@ import sqlite3
 from pathlib import Path
 
 from ..errors import UnusableFile
+from ..ids import COURSE
 from ..marks import APPLICATION_ID, no_such_version, too_new
 from .connection import (_connect_immutable, _connect_ro, connect, damaged, read_transaction,
                          transaction)
-from .schema import PAGE_SIZE, SCHEMA, SCHEMA_VERSION, statements
+from .schema import META_TABLE, PAGE_SIZE, SCHEMA_VERSION, schema, statements
+
+# The first schema version that records its id rule; every file before it is a course queue.
+RULE_RECORDED = 3
 
 
-def prepare(path: str | os.PathLike[str], *, create: bool = True) -> int:
+def prepare(path: str | os.PathLike[str], *, create: bool = True, ids: str = COURSE) -> int:
     """Make ``path`` a usable queue file, or refuse it without writing a byte;
     return its schema version.
 
@@ -30,7 +34,8 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True) -> int:
     file is created, if ``create``. Anything else raises ``UnusableFile``:
     ``not_a_queue`` (another application's database), ``schema_too_new``
     (a later version of this package made it), ``not_a_database`` (not
-    SQLite, or truncated) or ``no_queue_file``.
+    SQLite, or truncated) or ``no_queue_file``. A created queue's event ids
+    follow the rule ``ids``.
     """
     found = inspect(path)
     if found == "queue":
@@ -38,8 +43,27 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True) -> int:
     if not create:
         raise UnusableFile("no_queue_file", f"{os.fspath(path)}: no queue here yet "
                            "(enqueue a batch to create one)")
-    _create(path)
+    _create(path, ids)
     return schema_version(path)
+
+
+def id_rule(conn: sqlite3.Connection, version: int) -> str:
+    """The rule the event ids of a queue file of schema ``version`` follow
+    (``ids``), read on ``conn``: a file made before the rule was recorded is a
+    course queue."""
+    if version < RULE_RECORDED:
+        return COURSE
+    return str(conn.execute(f"SELECT id_rule FROM {META_TABLE}").fetchone()[0])
+
+
+def file_rule(path: str | os.PathLike[str]) -> str | None:
+    """The id rule of the queue file ``path`` (``ids``), read as ``read`` reads,
+    leaving nothing behind; ``None`` for a file that is no queue yet."""
+    from .files import read  # files reads through identity's checks
+    if inspect(path) != "queue":
+        return None
+    version = schema_version(path)
+    return read(path, lambda conn: id_rule(conn, version))
 
 
 def schema_version(path: str | os.PathLike[str]) -> int:
@@ -215,7 +239,7 @@ def _listed(tables: list[str]) -> str:
     return "tables " + ", ".join(tables[:6]) if tables else "no tables"
 
 
-def _create(path: str | os.PathLike[str]) -> None:
+def _create(path: str | os.PathLike[str], ids: str) -> None:
     """Create the schema and the mark in one transaction, then switch to WAL.
 
     Under the write lock the file is looked at again: another process may
@@ -236,7 +260,7 @@ def _create(path: str | os.PathLike[str]) -> None:
                 if objects:
                     raise UnusableFile("not_a_queue", f"{os.fspath(path)} was filled by "
                                        "another application while the queue was opening it")
-                for statement in statements(SCHEMA):
+                for statement in statements(schema(ids)):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from ..ids import COURSE, sql_check
 
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF")
@@ -18,17 +19,18 @@ PAGE_SIZE = 1024
 # rewrites every page the WAL holds: keep the default's 4 MB between them.
 CHECKPOINT_PAGES = 4 * 1024 * 1024 // PAGE_SIZE
 BUSY_TIMEOUT_SECONDS = 30.0
-SCHEMA_VERSION = 2           # PRAGMA user_version of the schema below; ``migrations``
+SCHEMA_VERSION = 3           # PRAGMA user_version of the schema below; ``migrations``
                              # upgrades a file of every earlier version to it
+META_TABLE = "queue_meta"
 
 # The state checks are written as OR chains, not ``IN ('ready', ...)``: for an
 # IN list of more than two constants SQLite builds a temporary index each time
 # a statement checks a row, which cost more than the rest of a journal INSERT.
-SCHEMA = """
+_SCHEMA = """
 CREATE TABLE messages (
     event_id     TEXT PRIMARY KEY
                  CONSTRAINT event_id_shape
-                 CHECK (length(event_id) = 5 AND event_id GLOB 'E[0-9][0-9][0-9][0-9]'),
+                 CHECK ({id_check}),
     -- NULL once pruned (``retention``); its digest stays, and deduplicates forever.
     payload      TEXT CONSTRAINT payload_is_json CHECK (payload IS NULL OR json_valid(payload)),
     payload_sha256 BLOB NOT NULL
@@ -112,7 +114,23 @@ CREATE TABLE compacted (
     category     TEXT NOT NULL,
     amount_cents INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
+
+-- What the queue was created with, one row that nothing changes (``ids``): the
+-- rule its event ids follow, which the CHECK on ``messages.event_id`` enforces.
+CREATE TABLE {meta} (
+    id_rule      TEXT NOT NULL
+                 CONSTRAINT id_rule_known CHECK (id_rule = 'course' OR id_rule = 'general')
+) STRICT;
+INSERT INTO {meta} (id_rule) VALUES ('{rule}');
 """
+
+
+def schema(ids: str = COURSE) -> str:
+    """The schema text of a new queue file whose event ids follow the rule ``ids``."""
+    return _SCHEMA.format(id_check=sql_check(ids, "sqlite"), meta=META_TABLE, rule=ids)
+
+
+SCHEMA = schema(COURSE)  # the course's, the default
 
 
 

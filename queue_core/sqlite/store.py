@@ -6,10 +6,11 @@ import os
 import sqlite3
 from typing import Any, Callable, TypeVar
 
+from ..ids import COURSE, require_same_rule
 from ..transitions import EXPIRED, write_journal
 from .connection import connect, read_transaction, transaction
 from .files import connect_readonly, read
-from .identity import prepare
+from .identity import id_rule, prepare
 from .schema import SCHEMA_VERSION
 
 T = TypeVar("T")
@@ -41,8 +42,19 @@ class SqliteStore:
     def describe(self) -> str:
         return os.path.basename(self.target)
 
-    def prepare(self, *, create: bool = True) -> int:
-        return prepare(self.target, create=create)
+    def prepare(self, *, create: bool = True, ids: str | None = None) -> int:
+        """Make the file a usable queue (see ``identity.prepare``); return its
+        schema version. A new queue's ids follow ``ids`` (the course's rule
+        when ``None``); an existing queue of another rule than ``ids`` is
+        refused (``IdRuleDiffers``), with nothing written."""
+        version = prepare(self.target, create=create, ids=ids or COURSE)
+        if ids is not None:
+            require_same_rule(self.describe(), self.id_rule(version), ids)
+        return version
+
+    def id_rule(self, version: int) -> str:
+        """The rule this queue's event ids follow (``ids``), as its last commit left it."""
+        return read(self.target, lambda conn: id_rule(conn, version))
 
     def migrate_step(self, version: int) -> int | None:
         from .migrations import migrate_step  # loaded on first use

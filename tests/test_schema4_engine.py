@@ -1,0 +1,216 @@
+"""Queues written by the release before the id rule, tested with its own code.
+
+The engine of e256d49 writes SQLite's schema 2 and PostgreSQL's schema 4,
+and knows only the course's ids. The step to SQLite's 3 and PostgreSQL's 5
+records the rule a queue's ids follow; a queue it finds becomes a course
+queue, with no message, effect or journal row rewritten. On each store: a
+queue of that version is read as it is and refused for writes until
+``migrate``; the step is crash-swept at its four points; a worker of that
+engine running while the step commits is refused loudly (SQLite) or goes on
+correct (PostgreSQL, whose tables the step leaves as they were); and that
+engine refuses the migrated queue when it opens it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import previous_engine
+from queue_core import CRASH_EXIT_CODE, Handler, ModelClock, Queue, UnusableFile, audit, drain
+from queue_core import migrate, postgres, sqlite
+from queue_core.errors import IdRuleDiffers
+from queue_core.lab.lifetime.earlier import V1_STORY
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = previous_engine.SCHEMA4_ENGINE
+STATES_BEFORE = {"E0001": "done", "E0002": "dead", "E0003": "done", "E0004": "leased",
+                 "E0005": "ready"}
+STORY = V1_STORY.split("import sqlite3")[0]  # every state, 15000 of money
+OLD = {"sqlite": 2, "postgres": 4}
+NEW = {"sqlite": sqlite.SCHEMA_VERSION, "postgres": postgres.SCHEMA_VERSION}
+MIGRATION_POINTS = ("migrate.after_begin", "migrate.after_copy", "migrate.before_commit",
+                    "migrate.after_commit")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    previous_engine.require_history()
+    return previous_engine.export(ENGINE, tmp_path_factory.mktemp("engines"))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def written(request: pytest.FixtureRequest, engine: Path, tmp_path: Path) -> tuple[str, str]:
+    """(store, target): a queue that engine wrote, every state in it."""
+    target = (str(tmp_path / "queue.sqlite3") if request.param == "sqlite"
+              else str(request.getfixturevalue("pg_dsn")))
+    done = previous_engine.run(engine, STORY, target)
+    assert done.returncode == 0, done.stderr
+    assert audit.snapshot(target).version == OLD[request.param]
+    return request.param, target
+
+
+def cli(db: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "queue_core", "--db", db, *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def stored_rows(target: str) -> dict[str, Any]:
+    """Every row of the three tables the step must not touch, and messages' own DDL or
+    row versions: a row rewritten would show in them."""
+    if target.startswith("postgresql://"):
+        with psycopg.connect(target, autocommit=True) as conn:
+            return {table: conn.execute(f"SELECT ctid::text, t.* FROM {table} AS t "
+                                        "ORDER BY 1").fetchall()
+                    for table in ("messages", "effects", "transitions")}
+    conn = sqlite.connect_readonly(target)
+    try:
+        rows = {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+                for table in ("messages", "effects", "transitions")}
+        rows["ddl"] = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'"
+                                   ).fetchall()
+        return rows
+    finally:
+        conn.close()
+
+
+def test_that_engines_queue_is_refused_for_writes_then_migrated_without_a_row_rewritten(
+        engine: Path, written: tuple[str, str]) -> None:
+    store, db = written
+    before, rows = audit.snapshot(db), stored_rows(db)
+    work = cli(db, "--now", "1020", "work")
+    assert work.returncode == 1 and work.stdout == ""
+    assert work.stderr.startswith("error: schema_too_old: ")
+    assert f"schema version {OLD[store]};" in work.stderr
+    assert Queue(db).id_rule == "course"  # read as it is: a course queue
+
+    done = cli(db, "migrate")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"schema {OLD[store]} -> {NEW[store]}: " \
+                                          "0 messages rewritten"
+    after = audit.snapshot(db)
+    assert after.version == NEW[store] and audit.check(after) == []
+    assert (after.messages, after.journal, after.effect_rows, after.digests) == (
+        before.messages, before.journal, before.effect_rows, before.digests)
+    assert stored_rows(db) == rows
+    queue = Queue(db, clock=ModelClock(2000))
+    assert queue.id_rule == "course" and queue.status().ids == "course"
+    with pytest.raises(IdRuleDiffers):
+        Queue(db, ids="general")
+    assert [o.kind for o in drain(queue, Handler())] == ["done", "done"]
+    snap = audit.snapshot(db)
+    assert snap.money == 17700 and set(snap.states().values()) == {"done", "dead"}
+    refused = previous_engine.cli(engine, "--db", db, "status")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: schema_too_new: ")
+    assert f"version {NEW[store]}" in refused.stderr
+
+
+@pytest.mark.parametrize("point", MIGRATION_POINTS)
+def test_the_step_killed_at_each_point_leaves_the_old_version_intact_or_the_new_complete(
+        point: str, written: tuple[str, str]) -> None:
+    store, db = written
+    before, rows = audit.snapshot(db), stored_rows(db)
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from queue_core import crashpoints, migrate
+        crashpoints.arm({point!r})
+        migrate(sys.argv[1])
+        """), db], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert child.returncode == CRASH_EXIT_CODE, child.stderr
+    snap = audit.snapshot(db)
+    committed = point == "migrate.after_commit"
+    assert audit.check(snap) == [] and snap.version == (NEW if committed else OLD)[store]
+    assert stored_rows(db) == rows and snap.messages == before.messages
+    assert snap.money == 15000
+    assert migrate(db).to_version == NEW[store] and audit.findings(db) == []
+    assert Queue(db).id_rule == "course"
+
+
+# A worker of that engine whose session opened, and claimed, before the step commits.
+RUNNING = """
+import json, sys
+from queue_core import Handler, ModelClock, Queue, drain
+queue = Queue(sys.argv[1], clock=ModelClock(1020), lease_seconds=30)
+with queue.session():
+    lease = queue.claim()
+    print(json.dumps({"claimed": lease.event_id}), flush=True)
+    sys.stdin.readline()
+    try:
+        queue.complete(lease, Handler())
+        print(json.dumps("acked"), flush=True)
+    except Exception as exc:
+        print(json.dumps([type(exc).__name__, getattr(exc, "code", None)]), flush=True)
+"""
+
+
+def test_a_running_worker_of_that_engine_is_refused_loudly_or_stays_correct(
+        engine: Path, written: tuple[str, str]) -> None:
+    store, db = written
+    worker = subprocess.Popen([sys.executable, "-c", RUNNING, db],
+                              env={**previous_engine.os.environ, "PYTHONPATH": str(engine)},
+                              cwd=engine, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        assert json.loads(worker.stdout.readline()) == {"claimed": "E0005"}
+        assert migrate(db).steps == ((OLD[store], 0),)
+        out, err = worker.communicate("go\n", timeout=60)
+    finally:
+        worker.kill()
+    snap = audit.snapshot(db)
+    assert audit.check(snap) == []
+    if store == "sqlite":
+        # its transaction reads the version under the write lock: refused, nothing written
+        assert json.loads(out) == ["UnusableFile", "schema_too_new"], err
+        assert snap.money == 15000 and snap.states() == {**STATES_BEFORE, "E0005": "leased"}
+    else:
+        # the step left every table as it was: that engine's ACK is sound, and counted once
+        assert json.loads(out) == "acked", err
+        assert snap.money == 15700 and snap.states() == {**STATES_BEFORE, "E0005": "done"}
+    drain(Queue(db, clock=ModelClock(3000)), Handler())
+    final = audit.snapshot(db)
+    assert final.money == 17700 and audit.check(final) == []
+    assert sorted(final.states().values()) == ["dead", "done", "done", "done", "done"]
+
+
+def test_this_engine_refuses_to_write_that_engines_queue_before_it_is_migrated(
+        written: tuple[str, str]) -> None:
+    store, db = written
+    queue = Queue(db, clock=ModelClock(2000))
+    assert queue.schema_version == OLD[store]
+    with pytest.raises(UnusableFile) as refused:
+        queue.claim()
+    assert refused.value.code == "schema_too_old"
+    assert audit.snapshot(db).states() == STATES_BEFORE
+    queue.migrate()
+    assert queue.schema_version == NEW[store]
+    assert queue.claim() is not None
+
+
+def test_a_sqlite_step_writes_the_same_schema_a_new_file_gets(
+        engine: Path, tmp_path: Path) -> None:
+    old = str(tmp_path / "old.sqlite3")
+    previous_engine.run(engine, STORY, old)
+    migrate(old)
+    new = str(tmp_path / "new.sqlite3")
+    Queue(new).enqueue_jsonl('{"event_id": "E0001", "payload": {"category": "book", '
+                             '"amount_cents": 1}}')
+
+    def ddl(path: str) -> list[tuple[str, str]]:
+        conn = sqlite3.connect(path)
+        try:
+            return conn.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall()
+        finally:
+            conn.close()
+
+    assert ddl(old) == ddl(new)
