@@ -27,7 +27,7 @@ schema-1 file in tests/files, written by an earlier engine) and a prune
 killed by a real process at each of their steps
 (``crashpoints.LIFETIME_POINTS``; the prune at each of its batches), and
 every frame prefix of their WAL a power cut can leave: each file left must
-be version 1 intact or version 2 complete, the prune's batches whole or
+be version 1 intact or a later version complete, the prune's batches whole or
 absent, and go on to the uninterrupted run's end. Any other outcome fails
 the run.
 

@@ -322,7 +322,7 @@ CODE_LISTS = (
     CodeList(ROOT / "README.md", "Operational errors exit with 1",
              lambda c: c.unusable | (c.cli - {"misplaced_option", "unknown_option",
                                                "unknown_command", "unused_option",
-                                               "invalid_db"})
+                                               "invalid_db", "unknown_id_rule"})
              | {"integrity_violation"}),
 )
 

@@ -66,7 +66,7 @@ def test_the_smoke_run_recovers_toy_to_20000_after_a_redrive_with_the_fix(
                                        ("E0004", "dead")]
     assert status_json(scratch, *db, launcher=launcher) == {
         "states": {"ready": 0, "leased": 0, "done": 3, "dead": 1},
-        "effects": 3, "totals": {"book": 15000, "pen": 2000}, "total": 17000, "pruned": 0}
+        "effects": 3, "totals": {"book": 15000, "pen": 2000}, "total": 17000, "pruned": 0, "ids": "course"}
 
     assert run(scratch, *db, "redrive", "E0004", launcher=launcher).returncode == 0
     again = run(scratch, *db, "work", launcher=launcher)
@@ -79,7 +79,7 @@ def test_the_smoke_run_recovers_toy_to_20000_after_a_redrive_with_the_fix(
     assert (fixed.returncode, outcomes(fixed.stdout)) == (0, [("E0004", "done")])
     assert status_json(scratch, *db, launcher=launcher) == {
         "states": {"ready": 0, "leased": 0, "done": 4, "dead": 0},
-        "effects": 4, "totals": {"book": 15000, "pen": 2000, "toy": 3000}, "total": 20000, "pruned": 0}
+        "effects": 4, "totals": {"book": 15000, "pen": 2000, "toy": 3000}, "total": 20000, "pruned": 0, "ids": "course"}
 
     repeat = run(scratch, *db, "enqueue", "demo.jsonl", launcher=launcher)
     assert (repeat.returncode, repeat.stdout.strip()) == (0, "inserted 0, duplicates 5")
@@ -175,7 +175,7 @@ def test_work_on_an_empty_queue_exits_0_having_processed_nothing(scratch: Path) 
     assert (result.returncode, result.stdout) == (0, "nothing left to claim at t=1000 "
                                                      "(0 processed)\n")
     assert status_json(scratch) == {"states": {"ready": 0, "leased": 0, "done": 0, "dead": 0},
-                                    "effects": 0, "totals": {}, "total": 0, "pruned": 0}
+                                    "effects": 0, "totals": {}, "total": 0, "pruned": 0, "ids": "course"}
 
 
 @pytest.mark.parametrize("command", [["work"], ["work", "--max", "1"], ["redrive", "E0004"],
@@ -199,12 +199,12 @@ def test_only_enqueue_creates_a_queue_file_every_other_command_refuses_a_missing
 COMMANDS = {
     "enqueue": (["enqueue", "demo.jsonl"], "inserted 4, duplicates 1"),
     "status": (["status"], "total:   0"),
-    "metrics": (["metrics", "--json"], '"dead_attempts": {}, "pruned": 0}'),
+    "metrics": (["metrics", "--json"], '"dead_attempts": {}, "pruned": 0, "ids": "course"}'),
     "work-max": (["work", "--max", "2"], "run work again to go on"),
     "work-batch": (["work", "--batch-size", "3"], "(2 processed)"),
     "metrics-after": (["metrics"], "dead attempts:  E0004 1"),
     "redrive": (["redrive", "E0004"], "E0004 is ready again (attempts reset, generation kept)"),
-    "status-json": (["status", "--json"], '"total": 17000, "pruned": 0}'),
+    "status-json": (["status", "--json"], '"total": 17000, "pruned": 0, "ids": "course"}'),
     "work": (["work", "--accept", "toy"], "nothing left to claim at t=1000 (1 processed)"),
 }
 

@@ -155,7 +155,7 @@ def test_an_extra_argument_of_a_command_is_refused_with_that_commands_usage(
 
     assert (result.returncode, result.stdout) == (2, "")
     lines = result.stderr.splitlines()
-    assert lines[0].startswith("usage: queue-core enqueue [-h] FILE")
+    assert lines[0].startswith("usage: queue-core enqueue [-h] [--ids RULE] FILE")
     assert lines[-1] == ("queue-core enqueue: error: unexpected_argument: unrecognized "
                          "arguments: twenty.jsonl")
     assert not (scratch / "queue.sqlite3").exists()
@@ -281,7 +281,7 @@ def test_metrics_prints_plain_figures_and_says_when_the_next_message_is_due(
         "dead attempts:  none dead"]
     assert json.loads(early_json.stdout) == {
         "at": 1990, "depth": {"ready": 4, "leased": 0, "done": 0, "dead": 0},
-        "oldest_ready_age": None, "next_due_at": 2000, "expired_leases": 0, "dead_attempts": {}, "pruned": 0}
+        "oldest_ready_age": None, "next_due_at": 2000, "expired_leases": 0, "dead_attempts": {}, "pruned": 0, "ids": "course"}
     assert snapshot(scratch / "queue.sqlite3") == before
 
     assert run(scratch, "--now", "2000", "work", "--max", "3").returncode == 0

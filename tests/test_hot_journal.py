@@ -42,7 +42,7 @@ for _ in range(200):
 os._exit(86)
 """
 BEFORE = {"states": {"ready": 3, "leased": 0, "done": 1, "dead": 0}, "effects": 1,
-          "totals": {"book": 10000}, "total": 10000, "pruned": 0}
+          "totals": {"book": 10000}, "total": 10000, "pruned": 0, "ids": "course"}
 
 
 def cli(db: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:

@@ -34,16 +34,20 @@ def crashes(tmp_path_factory: pytest.TempPathFactory) -> list[LifetimeRow]:
     return run_lifetime_sweep(SCHEMA1, workdir=tmp_path_factory.mktemp("lifetime"))
 
 
-def test_every_frame_prefix_of_a_migration_is_version_1_intact_or_version_2_complete(
+def test_every_frame_prefix_of_a_migration_is_version_1_intact_or_a_later_one_complete(
         powerloss: LifetimePowerLoss) -> None:
     assert powerloss.violations == []
     for run in MIGRATIONS:
         images = [image for image in powerloss.images if image.run == run]
-        assert powerloss.commits[run] == 1 and powerloss.frames[run] >= 2
+        # one commit per step: 1 -> 2 (the rebuild), 2 -> 3 (the id rule recorded)
+        assert powerloss.commits[run] == 2 and powerloss.frames[run] >= 3
         assert [image.frames for image in images] == list(range(powerloss.frames[run] + 1))
-        # every image short of the commit frame is the old file; the whole log the new one
-        assert [image.detail.split(";")[0] for image in images] == (
-            ["version 1 intact"] * powerloss.frames[run] + ["version 2 complete"])
+        # an image holds the version of the last commit whose frames it has, whole
+        kept = {0: "version 1 intact", 1: "version 2 complete", 2: "version 3 complete"}
+        assert [image.detail.split(";")[0] for image in images] == [
+            kept[image.commits] for image in images]
+        assert (images[0].commits, images[-1].commits) == (0, 2)
+        assert images[-2].commits == 1  # the last frame is the second step's commit
         assert {image.detail.split("; ")[1] for image in images} == {
             "migrated and worked on: 17700"}
 

@@ -234,7 +234,7 @@ def test_the_command_line_enqueues_works_and_reports_on_a_postgresql_queue(
     assert enqueued.stdout == "inserted 3, duplicates 0\n"
     assert json.loads(status.stdout) == {
         "states": {"ready": 0, "leased": 0, "done": 2, "dead": 1},
-        "effects": 2, "totals": {"book": 10000, "pen": 2000}, "total": 12000, "pruned": 0}
+        "effects": 2, "totals": {"book": 10000, "pen": 2000}, "total": 12000, "pruned": 0, "ids": "course"}
     assert not list(tmp_path.glob("*.sqlite3"))
 
 

@@ -560,7 +560,7 @@ def test_status_and_metrics_never_recover_an_expired_lease(
 
     assert snapshot(db_path) == before
     assert status.as_dict() == {"states": {"ready": 1, "leased": 1, "done": 0, "dead": 0},
-                                "effects": 0, "totals": {}, "total": 0, "pruned": 0}
+                                "effects": 0, "totals": {}, "total": 0, "pruned": 0, "ids": "course"}
     assert (metrics.at, dict(metrics.depth), metrics.oldest_ready_age, metrics.expired_leases) == \
         (1005, {"ready": 1, "leased": 1, "done": 0, "dead": 0}, 5, 1)
     assert ledger(db_path) == expect(total=0, effects=0, ready=1, leased=1)
@@ -593,7 +593,7 @@ def test_status_totals_are_per_category_and_match_the_effects(
 
     assert status.as_dict() == {"states": {"ready": 0, "leased": 0, "done": 3, "dead": 1},
                                 "effects": 3, "totals": {"book": 15000, "pen": 2000},
-                                "total": 17000, "pruned": 0}
+                                "total": 17000, "pruned": 0, "ids": "course"}
     assert ledger(db_path) == expect(total=17000, effects=3, done=3, dead=1)
 
 

@@ -28,7 +28,7 @@ from queue_core.audit import findings
 from test_hot_journal import KILLED_WRITER  # a writer that dies with its journal hot
 
 BEFORE = {"states": {"ready": 3, "leased": 0, "done": 1, "dead": 0}, "effects": 1,
-          "totals": {"book": 10000}, "total": 10000, "pruned": 0}
+          "totals": {"book": 10000}, "total": 10000, "pruned": 0, "ids": "course"}
 NOBODY = 65534
 AUDIT = """
 import sys

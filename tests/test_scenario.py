@@ -20,15 +20,15 @@ def test_the_reference_scenario_reproduces_every_figure_of_the_course(tmp_path: 
     assert report.crash_exit_code == 86
     assert report.snapshot.as_dict() == {
         "states": {"ready": 1, "leased": 1, "done": 1, "dead": 1},
-        "effects": 1, "totals": {"book": 10000}, "total": 10000, "pruned": 0}
+        "effects": 1, "totals": {"book": 10000}, "total": 10000, "pruned": 0, "ids": "course"}
     assert report.final.as_dict() == {
         "states": {"ready": 0, "leased": 0, "done": 3, "dead": 1},
-        "effects": 3, "totals": {"book": 15000, "pen": 2000}, "total": 17000, "pruned": 0}
+        "effects": 3, "totals": {"book": 15000, "pen": 2000}, "total": 17000, "pruned": 0, "ids": "course"}
     assert report.again == EnqueueResult(inserted=0, duplicates=5)
     assert report.after_redrive_without_fix.as_dict() == report.final.as_dict()
     assert report.after_fix.as_dict() == {
         "states": {"ready": 0, "leased": 0, "done": 4, "dead": 0},
-        "effects": 4, "totals": {"book": 15000, "pen": 2000, "toy": 3000}, "total": 20000, "pruned": 0}
+        "effects": 4, "totals": {"book": 15000, "pen": 2000, "toy": 3000}, "total": 20000, "pruned": 0, "ids": "course"}
     narrated = [text.split(" (")[0] for text in said
                 if text.startswith(("snapshot:", "final:", "after the fix:"))]
     assert narrated == ["snapshot: total=10000", "final: total=17000", "after the fix: total=20000"]

@@ -92,9 +92,10 @@ def test_a_version_3_schema_is_refused_for_writes_then_migrated_without_a_row_re
     done = cli(schema3, "migrate")
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == "schema 3 -> 4: 0 messages rewritten"
+    assert done.stdout.splitlines()[:2] == ["schema 3 -> 4: 0 messages rewritten",
+                                            "schema 4 -> 5: 0 messages rewritten"]
     after = audit.snapshot(schema3)
-    assert after.version == postgres.SCHEMA_VERSION == 4 and audit.check(after) == []
+    assert after.version == postgres.SCHEMA_VERSION == 5 and audit.check(after) == []
     assert (after.messages, after.journal, after.effect_rows, after.digests) == (
         before.messages, before.journal, before.effect_rows, before.digests)
     # the function is this engine's own, as a new schema gets it
@@ -107,7 +108,7 @@ def test_a_version_3_schema_is_refused_for_writes_then_migrated_without_a_row_re
     assert snap.money == 17000 and snap.states()["E0005"] == "dead"
     refused = previous_engine.cli(engine, "--db", schema3, "status")
     assert refused.returncode == 1
-    assert refused.stderr.startswith("error: schema_too_new: ") and "version 4" in refused.stderr
+    assert refused.stderr.startswith("error: schema_too_new: ") and "version 5" in refused.stderr
 
 
 def test_the_new_function_is_the_one_a_new_schema_gets(schema3: str, pg_dsn: str) -> None:
@@ -134,10 +135,10 @@ def test_the_step_killed_at_each_point_leaves_version_3_intact_or_version_4_comp
     assert child.returncode == CRASH_EXIT_CODE, child.stderr
     snap = audit.snapshot(schema3)
     committed = point == "migrate.after_commit"
-    assert audit.check(snap) == [] and snap.version == (4 if committed else 3)
+    assert audit.check(snap) == [] and snap.version == (4 if committed else 3)  # the step to 4
     assert (step_source(schema3) == old_step) is not committed
     assert snap.messages == before.messages and snap.money == 15000
-    assert migrate(schema3).to_version == 4 and audit.findings(schema3) == []
+    assert migrate(schema3).to_version == 5 and audit.findings(schema3) == []
 
 
 # A worker of that engine whose session opened, and claimed, before the step commits.
@@ -168,7 +169,7 @@ def test_a_running_worker_of_that_engine_calls_the_new_function_and_counts_no_ed
     try:
         assert worker.stdout is not None
         assert json.loads(worker.stdout.readline()) == {"claimed": "E0005"}
-        assert migrate(schema3).steps == ((3, 0),)
+        assert migrate(schema3).steps == ((3, 0), (4, 0))
         edit_e0005(schema3)  # edited while that worker holds its lease
         out, err = worker.communicate("go\n", timeout=60)
     finally:
@@ -193,5 +194,5 @@ def test_this_engine_refuses_to_write_a_version_3_schema_before_it_is_migrated(
     assert refused.value.code == "schema_too_old"
     assert audit.snapshot(schema3).states() == STATES_BEFORE
     queue.migrate()
-    assert queue.schema_version == 4
+    assert queue.schema_version == 5
     assert queue.claim() is not None

@@ -13,7 +13,8 @@ usage of the parser that would have taken it and the closest option there is,
 with ``unknown_command:`` for a word where the command goes that is none, with
 the closest command, with ``unused_option:`` for ``--db``/``--now`` given to
 ``demo``, with ``invalid_seconds:`` or ``invalid_count:`` for an integer option
-that is not plain ASCII digits in its range, and with ``missing_option:``,
+that is not plain ASCII digits in its range, with ``unknown_id_rule:`` for an
+``--ids`` that is neither ``course`` nor ``general``, and with ``missing_option:``,
 ``missing_value:`` or ``unexpected_argument:`` for argparse's own refusals;
 no option is taken abbreviated); 1 for
 an operational error (a file that is not the queue's, a missing queue file

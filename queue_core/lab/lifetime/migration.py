@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 from ...audit import check, snapshot
 from ...crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
 from ...migrations import migrate
+from ...sqlite.schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,7 +52,8 @@ class MigrationCase:
     def ok(self) -> bool:
         """A whole version, a clean audit and the same money, before and after the re-run."""
         return (self.exit_code == CRASH_EXIT_CODE and self.version in (1, 2)
-                and not self.findings and not self.findings_after and self.version_after == 2
+                and not self.findings and not self.findings_after
+                and self.version_after == SCHEMA_VERSION
                 and self.money == self.money_after)
 
 
@@ -100,11 +102,12 @@ def plot_migration_grid(cases: Sequence[MigrationCase],
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
-    columns = ("whole version left", "audit clean", "money kept", "migrate again: version 2")
+    columns = ("whole version left", "audit clean", "money kept",
+               f"migrate again: version {SCHEMA_VERSION}")
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.55 * len(cases)))
     for y, case in enumerate(cases):
         held = (case.version in (1, 2), not case.findings, case.money == case.money_after,
-                case.version_after == 2 and not case.findings_after)
+                case.version_after == SCHEMA_VERSION and not case.findings_after)
         labels = (f"version {case.version}", "clean" if held[1] else case.findings[0],
                   str(case.money), "clean" if held[3] else "not clean")
         for x, (good, label) in enumerate(zip(held, labels)):

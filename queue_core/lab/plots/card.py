@@ -85,15 +85,20 @@ ROWS: dict[str, Row] = {
         "opening: a new file gets the schema and the queue's mark; nothing else is written",
         "the file is new and empty, or marked as the queue's own (application id, schema version)",
         "nothing in an existing queue",
-        (("UnusableFile", ("not_a_queue", "schema_too_new", "not_a_database", "no_queue_file")),),
-        "`no_queue_file` only with `create=False`; `ValueError` for a lease or budget below 1"),
+        (("UnusableFile", ("not_a_queue", "schema_too_new", "not_a_database", "no_queue_file")),
+         ("IdRuleDiffers", ("id_rule_differs",))),
+        "`no_queue_file` only with `create=False`; `id_rule_differs` when `ids` is not the "
+        "queue's own rule; `ValueError` for a lease or budget below 1"),
     "enqueue": Row(
-        "the whole batch in one write", "a known id must come with the same canonical payload",
+        "the whole batch in one write", "each id under the queue's rule (`id_rule`); a known id "
+        "must come with the same canonical payload",
         "new ids: a `ready` row each; repeats only counted (`EnqueueResult`)",
-        (("BatchConflict", ("batch_conflict",)),), "nothing is written"),
+        (("BatchConflict", ("batch_conflict",)), ("BatchRejected", ("invalid_event_id",))),
+        "nothing is written"),
     "enqueue_file": Row(
         "as `enqueue`, after the whole file is validated (`read_batch`)",
-        "each line a JSON object with exactly `event_id` (`E` + 4 digits) and `payload` (an "
+        "each line a JSON object with exactly `event_id` (under the queue's rule: `E` + 4 digits "
+        "in a course queue) and `payload` (an "
         "object); sizes and line count; then as `enqueue`", "as `enqueue`",
         (("BatchRejected", rejection_codes()),), "nothing is written"),
     "enqueue_jsonl": Row(
@@ -175,6 +180,8 @@ ROWS: dict[str, Row] = {
                    "holds)"),
     "session": Row("none of its own: the calls in the block share one connection, each still in "
                    "its own transaction (`drain` runs in one)", "nothing", "nothing"),
+    "id_rule": Row("one read, on first use", "nothing", "the rule the queue's event ids follow, "
+                   "chosen when it was created: `course` or `general`"),
     "connection": Row("none", "nothing", "nothing: the open session's connection, or `None`"),
     "transaction": Row("`BEGIN IMMEDIATE`, committed on success, rolled back on any exception; the "
                        "hook every transition runs in", "nothing", "what the block writes"),

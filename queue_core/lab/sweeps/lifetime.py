@@ -11,8 +11,9 @@ behind is judged.
   written by the engine of that commit: E0001 and E0003 done, E0002 dead,
   E0004 leased until 1037, E0005 ready; 15000 of money) is upgraded by
   ``migrate``. A file it leaves must be version 1 intact (every message,
-  journal row and effect as before) or version 2 complete (the same facts,
-  and each payload's digest), audit clean; ``migrate`` then finishes it, and
+  journal row and effect as before) or a later version complete (the same
+  facts, and each payload's digest: version 2 once the first step has
+  committed, the last once every step has), audit clean; ``migrate`` then finishes it, and
   a worker at t=2000 ends it exactly as it ends the file migrated without a
   crash (every message once, 17700 of money).
 - **prune**: a file of this engine with eight done messages, one dead and
@@ -39,6 +40,7 @@ from ...errors import BatchRejected
 from ...handler import Handler
 from ...migrations import migrate
 from ...queue import Queue
+from ...sqlite.schema import SCHEMA_VERSION
 from ...worker import drain
 
 __all__ = ["PRUNE_BATCH_SIZE", "PRUNE_EVENTS", "PRUNE_NOW", "PRUNE_OLDER_THAN", "LifetimeEnd",
@@ -129,7 +131,7 @@ def _facts(snap: audit.Snapshot) -> tuple[object, ...]:
 
 def judge_migrate(db: Path, ref: LifetimeEnd) -> tuple[str, str]:
     """``(outcome, detail)`` for a file a migration left: ``ok`` when it is version 1
-    intact or version 2 complete and ends as the reference does."""
+    intact or a later version complete and ends as the reference does."""
     snap = audit.snapshot(db)
     found = audit.check(snap)
     if found:
@@ -138,10 +140,10 @@ def judge_migrate(db: Path, ref: LifetimeEnd) -> tuple[str, str]:
         if _facts(snap) != _facts(ref.before):
             return "version 1 changed", "the facts differ from the file before the migration"
         kept = "version 1 intact"
-    elif snap.version == 2:
+    elif 2 <= snap.version <= SCHEMA_VERSION:  # the steps after the first rewrite no row
         if _facts(snap) != _facts(ref.after) or snap.digests != ref.after.digests:
-            return "version 2 incomplete", "the facts differ from the migrated file"
-        kept = "version 2 complete"
+            return f"version {snap.version} incomplete", "the facts differ from the migrated file"
+        kept = f"version {snap.version} complete"
     else:
         return "unknown version", f"schema version {snap.version}"
     migrate(db)
@@ -149,7 +151,7 @@ def judge_migrate(db: Path, ref: LifetimeEnd) -> tuple[str, str]:
     end = audit.snapshot(db)
     found = audit.check(end)
     if found or end.states() != ref.end.states() or end.money != ref.end.money \
-            or end.version != 2:
+            or end.version != SCHEMA_VERSION:
         return "wrong end", (f"states {end.states()}, money {end.money}, version {end.version}; "
                              + "; ".join(map(str, found[:3])))
     return "ok", f"{kept}; migrated and worked on: {end.money}"

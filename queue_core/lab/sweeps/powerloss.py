@@ -492,7 +492,7 @@ def run_lifetime_powerloss(schema1_files: Sequence[str | os.PathLike[str]], *,
     the log kept whole; then recover the database file with every prefix of
     that log, frame by frame (a cut inside a transaction leaves any number of
     its frames; recovery keeps whole commits only), and judge each image
-    (``queue_core.lab.sweeps.lifetime``): version 1 intact or version 2
+    (``queue_core.lab.sweeps.lifetime``): version 1 intact or a later version
     complete; prune's batches whole or absent."""
     from . import lifetime
 
