@@ -51,6 +51,7 @@ _HOME = {
     "NotRedrivable": "errors",
     "Outcome": "values",
     "PayloadDiffers": "errors",
+    "IdRuleDiffers": "errors",
     "Pruned": "retention",
     "Queue": "queue",
     "QueueError": "errors",
@@ -79,7 +80,7 @@ if TYPE_CHECKING:
     from .audit import Finding, Snapshot
     from .clock import Clock, ModelClock, SystemClock
     from .crashpoints import CRASH_EXIT_CODE
-    from .errors import BatchConflict, BatchRejected, ConnectionLost, IntegrityViolation, InvalidPayload, LeaseLost, LockTimeout, NotRedrivable, PayloadDiffers, QueueError, TransientError, UnknownEvent, UnusableFile
+    from .errors import BatchConflict, BatchRejected, ConnectionLost, IdRuleDiffers, IntegrityViolation, InvalidPayload, LeaseLost, LockTimeout, NotRedrivable, PayloadDiffers, QueueError, TransientError, UnknownEvent, UnusableFile
     from .handler import DEFAULT_CATEGORIES, Handler
     from .ingest import Batch, Event, canonical_json, parse_batch, read_batch
     from .migrations import Migration, migrate
@@ -108,7 +109,7 @@ __all__ = [
     "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "ConnectionLost",
     "DEFAULT_CATEGORIES", "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation",
     "InvalidPayload", "Lease", "LeaseLost", "LockTimeout", "Message", "Metrics", "Migration",
-    "ModelClock", "NotRedrivable", "Outcome", "PayloadDiffers", "Pruned", "Queue", "QueueError", "State",
+    "ModelClock", "NotRedrivable", "Outcome", "PayloadDiffers", "IdRuleDiffers", "Pruned", "Queue", "QueueError", "State",
     "Status", "SystemClock", "TransientError", "Transition", "UnknownEvent", "backoff_seconds",
     "canonical_json", "drain", "finish", "migrate", "parse_batch", "process_one", "read_batch",
 ]

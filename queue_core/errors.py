@@ -123,8 +123,10 @@ class PayloadDiffers(IntegrityViolation):
 
 
 class IdRuleDiffers(QueueError):
-    """A queue was opened with an id rule other than the one it was created with
-    (``ids``): a queue never changes its rule, and nothing was written."""
+    """A queue was opened with an id rule other than its own.
+
+    A queue keeps the rule (``ids``) it was created with, so nothing was
+    written."""
 
     code = "id_rule_differs"
 

@@ -28,6 +28,7 @@ from .errors import IdRuleDiffers
 COURSE = "course"
 GENERAL = "general"
 RULES = (COURSE, GENERAL)
+COURSE_CAPACITY = 10_000  # the events a course queue can hold in its whole life
 MAX_GENERAL_LENGTH = 128
 GENERAL_ALPHABET = "ASCII letters, digits and _ . : -"
 
@@ -35,7 +36,7 @@ _PATTERNS = {COURSE: re.compile(r"E[0-9]{4}"),
              GENERAL: re.compile(r"[A-Za-z0-9_.:-]{1,%d}" % MAX_GENERAL_LENGTH)}
 _DESCRIBED = {COURSE: "E followed by four ASCII digits",
               GENERAL: f"1 to {MAX_GENERAL_LENGTH} {GENERAL_ALPHABET}"}
-__all__ = ["COURSE", "GENERAL", "IdRuleDiffers", "RULES", "described", "matches",
+__all__ = ["COURSE", "COURSE_CAPACITY", "GENERAL", "IdRuleDiffers", "RULES", "described", "matches",
            "require_rule", "require_same_rule", "sql_check", "why_not"]
 _ALLOWED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 

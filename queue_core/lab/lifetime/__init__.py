@@ -12,12 +12,13 @@ an earlier release, exported from git history and run in a child process
 
 from .earlier import (ENGINES, PREVIOUS, NoHistory, earlier_cli, export_engine, run_earlier,
                       worker_across_migration, write_v1_file)
+from ...ids import COURSE_CAPACITY
 from .growth import plot_growth, steady_load
 from .migration import (MIGRATION_POINTS, MigrationCase, kill_migration, migration_frame,
                         plot_migration_grid, run_migration_sweep, sweep_every_engine)
 from .windows import WINDOWS, Window, windows_frame
 
-__all__ = ["ENGINES", "MIGRATION_POINTS", "PREVIOUS", "WINDOWS", "MigrationCase", "NoHistory",
+__all__ = ["COURSE_CAPACITY", "ENGINES", "MIGRATION_POINTS", "PREVIOUS", "WINDOWS", "MigrationCase", "NoHistory",
            "Window", "earlier_cli", "export_engine", "kill_migration", "migration_frame",
            "plot_growth", "plot_migration_grid", "run_earlier", "run_migration_sweep",
            "steady_load", "sweep_every_engine", "windows_frame", "worker_across_migration",
