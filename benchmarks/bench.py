@@ -137,6 +137,7 @@ class Plan:
     prune_case: bool = False
     migrate: tuple[int, int] = (0, 0)
     pg_space: int = 0
+    workers: bool = False  # the 2 and 4 worker cases without the rest of ``full``
 
 
 FULL = Plan(rounds=12, budget_s=150.0, raw=40, single=100, k10=400, k100=2000,
@@ -150,6 +151,10 @@ QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
 # like durability, consumer side; and one probe round.
 PEERS_QUICK = Plan(rounds=3, budget_s=1.0, raw=8, single=30, k10=60, k100=300, sizes=(),
                    full=False, peers=True, safety=(100, 1), normal=True, bare=False)
+# SQLite's writers alone (``--writers``): one worker, 2 and 4 worker processes, and a
+# prune looping beside one worker; the figures the write lock's hand-over decides.
+WRITERS = Plan(rounds=10, budget_s=90.0, raw=40, single=200, k10=0, k100=0, sizes=(),
+               full=False, batches=(), bare=False, prune_case=True, workers=True)
 # The slow-disk regime: every flush 2 ms; ours against the peers that fsync every commit.
 SLOW = Plan(rounds=8, budget_s=60.0, raw=25, single=60, k10=0, k100=1000, sizes=(),
             full=False, peers=True, safety=(0, 0), batches=(100,), durable_peers_only=True,
@@ -178,7 +183,7 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
                        op="drain", workers=one, producer="single")
     if plan.prune_case and pruner is not None and not plan.durable_peers_only:
         yield PrunedEndToEnd(workdir, n, one, pruner)
-    if plan.full:
+    if plan.full or plan.workers:
         yield EndToEnd("two_workers", "ours, single message, 2 workers", workdir, n,
                        op="drain", workers=pool[:2])
         yield EndToEnd("four_workers", "ours, single message, 4 workers", workdir, n,
@@ -231,7 +236,7 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         workdir = Path(tmp)
         raws: dict[str, Case] = {"raw": RawCommits(workdir, plan.raw)}
         schemas = None if server is None else Schemas(server, "queue_bench")
-        pool = [Worker() for _ in range(max(WORKER_COUNTS) if plan.full else 1)]
+        pool = [Worker() for _ in range(max(WORKER_COUNTS) if plan.full or plan.workers else 1)]
         peer_worker = PeerWorker() if plan.peers else None
         pruner = Worker() if plan.prune_case else None
         cases: list[Case] = []
@@ -446,12 +451,14 @@ def _rate(measured: Slice) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small run (a few seconds)")
+    parser.add_argument("--writers", action="store_true",
+                        help="only SQLite's writers: 1, 2 and 4 workers, prune beside one")
     parser.add_argument("--slow-json", help=argparse.SUPPRESS)  # the slow-disk child
     args = parser.parse_args(argv)
     if args.slow_json:
         return _slow_child(json.loads(args.slow_json))
     try:
-        results = run(quick=args.quick, log=lambda text: print(text, file=sys.stderr))
+        results = run(quick=args.quick, plan=WRITERS if args.writers else None, log=lambda text: print(text, file=sys.stderr))
     except CheckFailed as exc:
         print(f"EXACTLY-ONCE CHECK FAILED: {exc}")
         return 1
