@@ -194,7 +194,8 @@ def unwritable(path: str | os.PathLike[str]) -> OSError | None:
     needed += [(f"{name}{suffix}", os.R_OK | os.W_OK) for suffix in ("-wal", "-shm", "-journal")
                if os.path.exists(f"{name}{suffix}")]
     for target, mode in needed:
-        if not _access(target, mode):
+        # another process's last connection may remove its -wal or -shm meanwhile
+        if not _access(target, mode) and os.path.exists(target):
             code = errno.EROFS if _on_read_only_mount(target) else errno.EACCES
             what = "the file's folder" if target == folder else \
                 "the queue file" if target == name else os.path.basename(target)
