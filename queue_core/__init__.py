@@ -73,7 +73,7 @@ _HOME = {
     "read_batch": "ingest",
 }
 _MODULES = ("acks", "audit", "cli", "cli_text", "clock", "crashpoints", "errors", "handler",
-                "ingest", "lab", "marks", "migrations", "postgres", "queue", "retention",
+                "ingest", "lab", "ledger", "marks", "migrations", "postgres", "queue", "retention",
                 "sqlite", "stores", "transitions", "values", "views", "worker")
 
 if TYPE_CHECKING:

@@ -42,10 +42,10 @@ from .errors import IntegrityViolation, InvalidPayload, PayloadDiffers, QueueErr
 from .handler import Handler
 from .ingest import payload_digest
 from .stores import Store
-from .transitions import ACK, FENCE_COLUMNS, FENCE_SELECT, check_fence, explain_miss
+from .transitions import (ACK, FENCE_COLUMNS, FENCE_SELECT, check_fence, explain_miss,
+                          rows_among)
 from .values import Effect, Lease, Outcome
 
-_CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 # The crash points of the ACK's steps: the plain ACK's, and those of the ACK
 # that claims the next message in the same transaction.
 _COMPLETE = ("complete.after_insert", "complete.after_recheck")
@@ -325,14 +325,9 @@ def _stepped(lease: Lease, rows: list[tuple[Any, ...]]) -> Lease | None:
 def _by_event_id(conn: sqlite3.Connection, columns: str,
                  event_ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
     """``columns`` of the stored messages among ``event_ids``: event id -> row."""
-    ids = sorted(set(event_ids))
-    rows: dict[str, tuple[Any, ...]] = {}
-    for start in range(0, len(ids), _CHUNK):
-        chunk = ids[start:start + _CHUNK]
-        marks = ", ".join("?" * len(chunk))
-        rows.update((row[0], row[1:]) for row in conn.execute(
-            f"SELECT event_id, {columns} FROM messages WHERE event_id IN ({marks})", chunk))
-    return rows
+    return {row[0]: row[1:] for row in rows_among(
+        conn, f"SELECT event_id, {columns} FROM messages WHERE event_id IN ({{}})",
+        sorted(set(event_ids)))}
 
 
 def _require_lease(lease: Lease) -> None:

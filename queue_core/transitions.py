@@ -183,3 +183,16 @@ def write_journal(conn: Any, rows: Sequence[tuple[Any, ...]]) -> None:
         conn.execute(JOURNAL_INSERT, rows[0])
         return
     conn.executemany(JOURNAL_INSERT, rows)
+
+
+_CHUNK = 500  # event ids per IN (...) list, well under SQLite's variable limit
+
+
+def rows_among(conn: Any, template: str, event_ids: list[str]) -> list[tuple[Any, ...]]:
+    """The rows of ``template`` (its ``IN ({})`` filled with one parameter per id) for
+    ``event_ids``, in chunks of ``_CHUNK`` ids, well under SQLite's variable limit."""
+    found: list[tuple[Any, ...]] = []
+    for start in range(0, len(event_ids), _CHUNK):
+        chunk = event_ids[start:start + _CHUNK]
+        found += conn.execute(template.format(", ".join("?" * len(chunk))), chunk).fetchall()
+    return found

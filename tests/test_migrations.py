@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -24,6 +23,7 @@ import pytest
 import previous_engine
 from queue_core import Handler, ModelClock, Queue, UnusableFile, audit, drain, migrate
 from queue_core.crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
+from queue_core.lab.lifetime.earlier import worker_said
 from queue_core.sqlite import SCHEMA_VERSION
 from queue_core.sqlite.migrations import migrate_step
 
@@ -143,31 +143,6 @@ def test_the_earlier_engine_refuses_a_migrated_file_and_changes_nothing(
         assert folder_state(tmp_path) == before
 
 
-EARLIER_WORKER = textwrap.dedent("""
-    import json, sys
-    from queue_core import Handler, ModelClock, Queue
-    clock = ModelClock(1020)
-    queue = Queue(sys.argv[1], clock=clock, lease_seconds=30)
-    def attempt(name, call):
-        try:
-            result = call()
-            said = {"step": name, "ok": repr(result)}
-        except Exception as exc:
-            said = {"step": name, "error": type(exc).__name__, "text": str(exc)}
-        print(json.dumps(said), flush=True)
-    with queue.session():               # one connection, opened before the migration
-        lease = queue.claim()           # E0005, generation 1
-        print(json.dumps({"step": "claimed", "ok": repr(lease)}), flush=True)
-        sys.stdin.readline()            # the migration runs now
-        attempt("ack", lambda: queue.complete(lease, Handler()))
-        attempt("enqueue", lambda: queue.enqueue_jsonl(
-            '{"event_id": "E0009", "payload": {"category": "pen", "amount_cents": 100}}'))
-        attempt("replay", lambda: queue.enqueue_jsonl(
-            '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'))
-        attempt("fail", lambda: queue.fail(lease))
-""")
-
-
 @pytest.mark.parametrize("commit", list(previous_engine.ENGINES))
 def test_a_running_worker_of_the_earlier_engine_is_refused_loudly_or_stays_correct(
         commit: str, engines: dict[str, Path], tmp_path: Path) -> None:
@@ -175,23 +150,16 @@ def test_a_running_worker_of_the_earlier_engine_is_refused_loudly_or_stays_corre
     correct or refused; its ACK without a finish time and its enqueue without a
     digest fail the schema's constraints, and write nothing."""
     db = copy_of(commit, tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(engines[commit])}
-    worker = subprocess.Popen([sys.executable, "-c", EARLIER_WORKER, str(db)], env=env,
-                              cwd=engines[commit], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert worker.stdout is not None and worker.stdin is not None
-        claimed = json.loads(worker.stdout.readline())
-        assert claimed == {"step": "claimed", "ok": "Lease(event_id='E0005', generation=1, "
-                                                    "attempt=1, lease_until=1050)"}
+    def migrate_now() -> None:  # the worker's session opened, and claimed, before it
         assert migrate(db).steps == ((1, 5), (2, 0))
-        out, err = worker.communicate("go\n", timeout=60)
-    finally:
-        worker.kill()
-    said = {line["step"]: line for line in map(json.loads, out.splitlines())}
-    assert said["ack"]["error"] == "IntegrityError" and "finished_at_iff_done" in said["ack"]["text"]
-    assert said["enqueue"]["error"] == "IntegrityError" and "payload_sha256" in said["enqueue"]["text"]
-    assert said["replay"]["ok"] == "EnqueueResult(inserted=0, duplicates=1)"  # still correct
+
+    said = {line["step"]: line for line in worker_said(engines[commit], db, migrate_now)}
+    assert said["claim"]["ok"] == ("Lease(event_id='E0005', generation=1, attempt=1, "
+                                   "lease_until=1050)")
+    ack, enqueue = said["ACK"], said["enqueue E0009"]
+    assert ack["error"] == "IntegrityError" and "finished_at_iff_done" in ack["text"]
+    assert enqueue["error"] == "IntegrityError" and "payload_sha256" in enqueue["text"]
+    assert said["replay E0001"]["ok"] == "EnqueueResult(inserted=0, duplicates=1)"  # still correct
     assert said["fail"]["ok"].startswith("Outcome(event_id='E0005', kind='retry'")
     snap = audit.snapshot(db)
     assert audit.check(snap) == [] and "E0009" not in snap.messages

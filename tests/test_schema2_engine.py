@@ -12,7 +12,6 @@ correct, and that engine refuses the migrated schema when it opens it.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 
 import previous_engine
 from queue_core import Handler, ModelClock, Queue, UnusableFile, audit, drain, migrate, postgres
-from queue_core.lab.lifetime.earlier import V1_STORY
+from queue_core.lab.lifetime.earlier import AFTER_MIGRATION, V1_STORY, worker_said
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = previous_engine.SCHEMA2_ENGINE
@@ -104,44 +103,22 @@ def test_a_postgresql_schema_of_version_2_is_refused_for_writes_then_migrated_by
 
 
 # A worker of that engine whose session opened, and claimed, before the step commits.
-RUNNING = """
-import json, sys
-from queue_core import Handler, ModelClock, Queue
-queue = Queue(sys.argv[1], clock=ModelClock(1020), lease_seconds=30)
-def attempt(name, call):
-    try:
-        said = {"step": name, "ok": repr(call())}
-    except Exception as exc:
-        said = {"step": name, "error": type(exc).__name__, "text": str(exc)}
-    print(json.dumps(said), flush=True)
-with queue.session():
-    lease = queue.claim()
-    print(json.dumps({"step": "claim", "ok": repr(lease)}), flush=True)
-    sys.stdin.readline()
-    attempt("ack", lambda: queue.complete(lease, Handler()))
-    attempt("enqueue", lambda: queue.enqueue_jsonl(
-        '{"event_id": "E0009", "payload": {"category": "pen", "amount_cents": 100}}'))
-    attempt("work", lambda: [o.kind for o in __import__("queue_core").drain(queue, Handler())])
-"""
+AFTER_STEP = (("ack", "queue.complete(lease, Handler())"),
+              ("enqueue", AFTER_MIGRATION[1][1]),
+              ("work", "[o.kind for o in drain(queue, Handler())]"))
 
 
 def test_a_running_worker_of_that_engine_goes_on_unchanged_across_the_step(
         engine: Path, pg_dsn: str) -> None:
     db = written(engine, pg_dsn)
-    worker = subprocess.Popen([sys.executable, "-c", RUNNING, db],
-                              env={**previous_engine.os.environ, "PYTHONPATH": str(engine)},
-                              cwd=engine, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        assert worker.stdout is not None
-        claimed = json.loads(worker.stdout.readline())
-        assert claimed["ok"].startswith("Lease(event_id='E0005', generation=1")
+
+    def step() -> None:
         assert migrate(db).steps == ((2, 0), (3, 0), (4, 0))
-        out, err = worker.communicate("go\n", timeout=60)
-    finally:
-        worker.kill()
-    said: dict[str, Any] = {line["step"]: line for line in map(json.loads, out.splitlines())}
-    assert said["ack"]["ok"] == "Effect(category='bag', amount_cents=700)", (said, err)
+
+    said: dict[str, Any] = {line["step"]: line for line in
+                            worker_said(engine, db, step, AFTER_STEP)}
+    assert said["claim"]["ok"].startswith("Lease(event_id='E0005', generation=1")
+    assert said["ack"]["ok"] == "Effect(category='bag', amount_cents=700)", said
     assert said["enqueue"]["ok"] == "EnqueueResult(inserted=1, duplicates=0)"
     assert said["work"]["ok"] == "['done']"  # E0009; E0004's lease is not yet over at 1020
     snap = audit.snapshot(db)

@@ -13,7 +13,6 @@ an edit; and that engine refuses the migrated schema when it opens it.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,7 @@ import pytest
 import previous_engine
 from queue_core import CRASH_EXIT_CODE, Handler, ModelClock, Queue, UnusableFile, audit, drain
 from queue_core import migrate, postgres
-from queue_core.lab.lifetime.earlier import V1_STORY
+from queue_core.lab.lifetime.earlier import V1_STORY, worker_said
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = previous_engine.SCHEMA3_ENGINE
@@ -142,43 +141,22 @@ def test_the_step_killed_at_each_point_leaves_version_3_intact_or_version_4_comp
 
 
 # A worker of that engine whose session opened, and claimed, before the step commits.
-RUNNING = """
-import json, sys
-from queue_core import Handler, ModelClock, Queue, drain
-queue = Queue(sys.argv[1], clock=ModelClock(1020), lease_seconds=30)
-with queue.session():
-    lease = queue.claim()
-    print(json.dumps({"claimed": lease.event_id}), flush=True)
-    sys.stdin.readline()
-    outcomes = drain(queue, Handler())
-    print(json.dumps([[o.event_id, o.kind, o.code] for o in outcomes]), flush=True)
-    try:
-        queue.complete_and_claim(lease, Handler())
-        print(json.dumps("acked"), flush=True)
-    except Exception as exc:
-        print(json.dumps([type(exc).__name__, getattr(exc, "code", None)]), flush=True)
-"""
+AFTER_STEP = (("work", "[[o.event_id, o.kind, o.code] for o in drain(queue, Handler())]"),
+              ("ack", "queue.complete_and_claim(lease, Handler())"))
 
 
 def test_a_running_worker_of_that_engine_calls_the_new_function_and_counts_no_edit(
         engine: Path, schema3: str) -> None:
-    worker = subprocess.Popen([sys.executable, "-c", RUNNING, schema3],
-                              env={**previous_engine.os.environ, "PYTHONPATH": str(engine)},
-                              cwd=engine, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        assert worker.stdout is not None
-        assert json.loads(worker.stdout.readline()) == {"claimed": "E0005"}
+    def step_then_edit() -> None:
         assert migrate(schema3).steps == ((3, 0), (4, 0))
         edit_e0005(schema3)  # edited while that worker holds its lease
-        out, err = worker.communicate("go\n", timeout=60)
-    finally:
-        worker.kill()
-    drained, acked = map(json.loads, out.splitlines())
-    assert drained == [], err  # E0004's lease is not yet over at 1020: nothing else is due
+
+    claimed, drained, acked = worker_said(engine, schema3, step_then_edit, AFTER_STEP)
+    assert claimed["ok"].startswith("Lease(event_id='E0005'")
+    assert drained["ok"] == "[]"  # E0004's lease is not yet over at 1020: nothing else is due
     # the new function refused the edit and moved E0005 to dead; that engine, which
     # does not know the answer, reads the row it got back and says not_leased
-    assert acked == ["LeaseLost", "not_leased"], err
+    assert (acked["error"], acked.get("code")) == ("LeaseLost", "not_leased"), acked
     snap = audit.snapshot(schema3)
     assert snap.money == 15000 and snap.states() == {**STATES_BEFORE, "E0005": "dead"}
     assert sql(schema3, "SELECT last_error FROM messages WHERE event_id = 'E0005'") == [

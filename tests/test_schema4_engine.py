@@ -13,7 +13,6 @@ engine refuses the migrated queue when it opens it.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import previous_engine
 from queue_core import CRASH_EXIT_CODE, Handler, ModelClock, Queue, UnusableFile, audit, drain
 from queue_core import migrate, postgres, sqlite
 from queue_core.errors import IdRuleDiffers
-from queue_core.lab.lifetime.earlier import V1_STORY
+from queue_core.lab.lifetime.earlier import AFTER_MIGRATION, V1_STORY, worker_said
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = previous_engine.SCHEMA4_ENGINE
@@ -136,46 +135,24 @@ def test_the_step_killed_at_each_point_leaves_the_old_version_intact_or_the_new_
     assert Queue(db).id_rule == "course"
 
 
-# A worker of that engine whose session opened, and claimed, before the step commits.
-RUNNING = """
-import json, sys
-from queue_core import Handler, ModelClock, Queue, drain
-queue = Queue(sys.argv[1], clock=ModelClock(1020), lease_seconds=30)
-with queue.session():
-    lease = queue.claim()
-    print(json.dumps({"claimed": lease.event_id}), flush=True)
-    sys.stdin.readline()
-    try:
-        queue.complete(lease, Handler())
-        print(json.dumps("acked"), flush=True)
-    except Exception as exc:
-        print(json.dumps([type(exc).__name__, getattr(exc, "code", None)]), flush=True)
-"""
-
-
 def test_a_running_worker_of_that_engine_is_refused_loudly_or_stays_correct(
         engine: Path, written: tuple[str, str]) -> None:
     store, db = written
-    worker = subprocess.Popen([sys.executable, "-c", RUNNING, db],
-                              env={**previous_engine.os.environ, "PYTHONPATH": str(engine)},
-                              cwd=engine, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        assert worker.stdout is not None
-        assert json.loads(worker.stdout.readline()) == {"claimed": "E0005"}
+
+    def step() -> None:  # that worker's session opened, and claimed, before it commits
         assert migrate(db).steps == ((OLD[store], 0),)
-        out, err = worker.communicate("go\n", timeout=60)
-    finally:
-        worker.kill()
+
+    claimed, acked = worker_said(engine, db, step, AFTER_MIGRATION[:1])
+    assert claimed["ok"].startswith("Lease(event_id='E0005'")
     snap = audit.snapshot(db)
     assert audit.check(snap) == []
     if store == "sqlite":
         # its transaction reads the version under the write lock: refused, nothing written
-        assert json.loads(out) == ["UnusableFile", "schema_too_new"], err
+        assert (acked.get("error"), acked.get("code")) == ("UnusableFile", "schema_too_new"), acked
         assert snap.money == 15000 and snap.states() == {**STATES_BEFORE, "E0005": "leased"}
     else:
         # the step left every table as it was: that engine's ACK is sound, and counted once
-        assert json.loads(out) == "acked", err
+        assert acked.get("ok") == "Effect(category='bag', amount_cents=700)", acked
         assert snap.money == 15700 and snap.states() == {**STATES_BEFORE, "E0005": "done"}
     drain(Queue(db, clock=ModelClock(3000)), Handler())
     final = audit.snapshot(db)

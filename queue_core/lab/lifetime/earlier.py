@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[3]
 # commit -> what its engine writes: schema 1, and the page size new files got
@@ -117,54 +117,72 @@ def write_v1_file(engine: Path, path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
-# A worker of the earlier engine that opened its connection (and claimed) before
-# the file was migrated, then goes on as that release would: ACK, enqueue, replay, fail.
+# What a worker of the earlier engine does once the file is migrated under it, as
+# that release would: ACK, enqueue, replay, fail. Each step is a name and an
+# expression over ``queue``, ``lease``, ``Handler`` and ``drain`` of that release.
+AFTER_MIGRATION = (
+    ("ACK", "queue.complete(lease, Handler())"),
+    ("enqueue E0009", "queue.enqueue_jsonl('{\"event_id\": \"E0009\", \"payload\": "
+                      "{\"category\": \"pen\", \"amount_cents\": 100}}')"),
+    ("replay E0001", "queue.enqueue_jsonl('{\"event_id\": \"E0001\", \"payload\": "
+                     "{\"category\": \"book\", \"amount_cents\": 10000}}')"),
+    ("fail", "queue.fail(lease)"))
+
+# A worker of the earlier engine that opened its session (and claimed) before the
+# migration, then takes the steps in argv[2] (JSON), one line of JSON for each.
 _RUNNING_WORKER = r"""
 import json, sys
-from queue_core import Handler, ModelClock, Queue
-clock = ModelClock(1020)
-queue = Queue(sys.argv[1], clock=clock, lease_seconds=30)
+from queue_core import Handler, ModelClock, Queue, drain
+queue = Queue(sys.argv[1], clock=ModelClock(1020), lease_seconds=30)
 def attempt(name, call):
     try:
         said = {"step": name, "ok": repr(call())}
     except Exception as exc:
         said = {"step": name, "error": type(exc).__name__, "text": str(exc)}
+        if isinstance(getattr(exc, "code", None), str):
+            said["code"] = exc.code
     print(json.dumps(said), flush=True)
 with queue.session():
     lease = queue.claim()
     print(json.dumps({"step": "claim", "ok": repr(lease)}), flush=True)
     sys.stdin.readline()
-    attempt("ACK", lambda: queue.complete(lease, Handler()))
-    attempt("enqueue E0009", lambda: queue.enqueue_jsonl(
-        '{"event_id": "E0009", "payload": {"category": "pen", "amount_cents": 100}}'))
-    attempt("replay E0001", lambda: queue.enqueue_jsonl(
-        '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'))
-    attempt("fail", lambda: queue.fail(lease))
+    names = {"Handler": Handler, "drain": drain, "queue": queue, "lease": lease}
+    for name, expression in json.loads(sys.argv[2]):
+        attempt(name, lambda: eval(expression, names))
 """
+
+
+def worker_said(engine: Path, db: str | os.PathLike[str], migrate_now: Callable[[], object],
+                steps: Sequence[tuple[str, str]] = AFTER_MIGRATION) -> list[dict[str, str]]:
+    """Start a worker of ``engine`` on ``db`` (it claims), call ``migrate_now`` while
+    it waits, then let it take ``steps``; return what it said of each, first its
+    claim: ``step`` and ``ok`` (the repr) or ``error``, ``text`` and any ``code``."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(engine), "PYTHONDONTWRITEBYTECODE": "1"}
+    worker = subprocess.Popen([sys.executable, "-c", _RUNNING_WORKER, os.fspath(db),
+                               json.dumps(steps)], env=env, cwd=engine, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        first = worker.stdout.readline()
+        migrate_now()
+        rest, err = worker.communicate("go\n", timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    said = [json.loads(line) for line in (first + rest).splitlines()]
+    if len(said) != len(steps) + 1:
+        raise RuntimeError(f"the worker of {engine.name} stopped early: {said}\n{err}")
+    return said
 
 
 def worker_across_migration(engine: Path, db: str | os.PathLike[str],
                             migrate_now: Callable[[], object]) -> list[tuple[str, str]]:
     """Start a worker of ``engine`` on ``db`` (it claims), call ``migrate_now`` while
-    it waits, then let it go on; return each of its steps with what it got."""
-    import json
-
-    env = {**os.environ, "PYTHONPATH": str(engine), "PYTHONDONTWRITEBYTECODE": "1"}
-    worker = subprocess.Popen([sys.executable, "-c", _RUNNING_WORKER, os.fspath(db)], env=env,
-                              cwd=engine, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        assert worker.stdout is not None
-        first = worker.stdout.readline()
-        migrate_now()
-        rest, _ = worker.communicate("go\n", timeout=60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-    steps = []
-    for line in (first + rest).splitlines():
-        said = json.loads(line)
-        steps.append((said["step"], f"accepted: {said['ok']}" if "ok" in said
-                      else f"refused: {said['error']}: {said['text']}"))
-    return steps
+    it waits, then let it go on (``AFTER_MIGRATION``); return each of its steps with
+    what it got."""
+    return [(said["step"], f"accepted: {said['ok']}" if "ok" in said
+             else f"refused: {said['error']}: {said['text']}")
+            for said in worker_said(engine, db, migrate_now)]

@@ -207,28 +207,17 @@ def plot_network_sweep(rows: Sequence[NetRow],
                        ) -> "Figure":
     """Draw the sweep: (step, fault) on the y axis, protocols across, outcome as colour."""
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
 
-    from .sweep import COLOURS
+    from .sweep import draw_outcomes, outcome_legend
 
     table = network_frame(rows)
     fig, ax = plt.subplots(figsize=(9.5, max(3.0, 1.4 + 0.3 * len(table.index))))
-    for y, key in enumerate(table.index):
-        for x, name in enumerate(table.columns):
-            outcome = table.loc[key, name]
-            ax.add_patch(Rectangle((x - 0.48, y - 0.45), 0.96, 0.9,
-                                   color=COLOURS.get(outcome, "#888888")))
-            if outcome != "ok":
-                ax.text(x, y, outcome, ha="center", va="center", fontsize=8, color="white")
-    ax.set_xlim(-0.5, len(table.columns) - 0.5)
-    ax.set_ylim(len(table.index) - 0.5, -0.5)
+    draw_outcomes(ax, table, ("ok",), str)
     ax.set_xticks(range(len(table.columns)), [c.replace(" ", "\n", 2) for c in table.columns],
                   fontsize=8)
     ax.set_yticks(range(len(table.index)), [f"{s} / {f}" for s, f in table.index], fontsize=8)
     ax.set_ylabel("where the connection broke / how")
     ax.set_title(title)
-    seen = [o for o in COLOURS if o in set(table.values.ravel())]
-    ax.legend(handles=[Patch(color=COLOURS[o], label=o) for o in seen], loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), title="outcome", frameon=False)
+    outcome_legend(ax, table)
     fig.tight_layout()
     return fig

@@ -39,7 +39,7 @@ import textwrap
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ... import audit as ledger_audit
 from ...clock import ModelClock
@@ -301,31 +301,48 @@ def plot_sweep(rows: Sequence[SweepRow], title: str = "Crash sweep: outcome per 
                ) -> "Figure":
     """Draw the sweep: steps on the y axis, protocols on the x axis, outcome as colour."""
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
 
     table = sweep_frame(rows)
     # a row a third of an inch high, so that a two-line outcome fits in its cell
     fig, ax = plt.subplots(figsize=(9.5, max(6.5, 1.6 + 0.33 * len(table.index))))
-    for y, step in enumerate(table.index):
-        for x, protocol in enumerate(table.columns):
-            outcome = table.loc[step, protocol]
-            ax.add_patch(Rectangle((x - 0.48, y - 0.45), 0.96, 0.9,
-                                   color=COLOURS.get(outcome, "#888888")))
-            if outcome not in ("ok", "n/a"):
-                ax.text(x, y, textwrap.fill(outcome, 14), ha="center", va="center", fontsize=8,
-                        color="white", linespacing=1.0)
-    ax.set_xlim(-0.5, len(table.columns) - 0.5)
-    ax.set_ylim(len(table.index) - 0.5, -0.5)
+    draw_outcomes(ax, table, ("ok", "n/a"), lambda outcome: textwrap.fill(outcome, 14),
+                  linespacing=1.0)
     ax.set_xticks(range(len(table.columns)), [textwrap.fill(c, 12) for c in table.columns])
     ax.set_yticks(range(len(table.index)), table.index)
     ax.set_xlabel("protocol (the last three are deliberately broken)")
     ax.set_ylabel("where the worker died (or paused: stale.*)")
     ax.set_title(title)
+    outcome_legend(ax, table)
+    fig.tight_layout()
+    return fig
+
+
+def draw_outcomes(ax: Any, table: "pandas.DataFrame", quiet: Sequence[str],
+                  label: Callable[[str], str], **text: Any) -> None:
+    """Colour each cell of ``table`` (cases down, protocols across) by its outcome,
+    write ``label(outcome)`` in each whose outcome is not ``quiet``, and fit the axes
+    to the grid: the picture the crash and the network sweep share."""
+    from matplotlib.patches import Rectangle
+
+    for y, key in enumerate(table.index):
+        for x, column in enumerate(table.columns):
+            outcome = table.loc[key, column]
+            ax.add_patch(Rectangle((x - 0.48, y - 0.45), 0.96, 0.9,
+                                   color=COLOURS.get(outcome, "#888888")))
+            if outcome not in quiet:
+                ax.text(x, y, label(outcome), ha="center", va="center", fontsize=8,
+                        color="white", **text)
+    ax.set_xlim(-0.5, len(table.columns) - 0.5)
+    ax.set_ylim(len(table.index) - 0.5, -0.5)
+
+
+def outcome_legend(ax: Any, table: "pandas.DataFrame") -> None:
+    """The legend of the outcomes ``table`` holds, in ``COLOURS``' order, beside the grid."""
+    from matplotlib.patches import Patch
+
     seen = [o for o in COLOURS if o in set(table.values.ravel())]
     ax.legend(handles=[Patch(color=COLOURS[o], label=o) for o in seen], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), title="outcome", frameon=False)
-    fig.tight_layout()
-    return fig
 
 
 # -- the queue's lifetime: a migration and a prune killed at each of their steps -------------
