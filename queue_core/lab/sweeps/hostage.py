@@ -126,6 +126,7 @@ def hold_hostage(server: str, how: str = "blackhole", *,
     try:
         _wait_for_stall(worker, proxy)
         stalled = time.monotonic()
+        _wait_until_row_held(db, victim, worker)
         waiter.start()
         holder, began = _backend(db, victim)
         other = Queue(db, clock=ModelClock(1000 + LEASE + 1), lease_seconds=LEASE)
@@ -195,6 +196,26 @@ def _wait_for_stall(worker: subprocess.Popen[str], proxy: FaultProxy | None) -> 
             raise RuntimeError("the worker never stalled where it should: "
                                f"{(worker.stderr.read() if worker.stderr else '').strip()}")
         time.sleep(0.01)
+
+
+def _wait_until_row_held(db: str, victim: str, worker: subprocess.Popen[str]) -> None:
+    """Wait until the stalled backend has run its claim's UPDATE and waits for
+    the client: it has a transaction id (assigned by its first write) and
+    reads from the client. The proxy fires when it sees the COMMIT's bytes,
+    which can be before the server has run the UPDATE sent ahead of them; a
+    session that asked for the row then would get it first, and ``held``
+    would count from a row that was not yet taken."""
+    import psycopg
+
+    deadline = time.monotonic() + START_SECONDS
+    with psycopg.connect(db, autocommit=True) as conn:
+        while conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = %s "
+                "AND state = 'active' AND wait_event = 'ClientRead' "
+                "AND backend_xid IS NOT NULL", (victim,)).fetchone() is None:
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the stalled worker never held the message's row")
+            time.sleep(0.005)
 
 
 def _stopped(pid: int) -> bool:
