@@ -15,7 +15,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from queue_core.crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
 from queue_core.lab.lifetime.earlier import worker_said
 from queue_core.sqlite import SCHEMA_VERSION
 from queue_core.sqlite.migrations import migrate_step
+from queue_core.lab.lifetime.migration import migrate_killed_at
 
 FILES = Path(__file__).resolve().parent / "files"
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,12 +205,7 @@ def test_a_migration_killed_at_each_point_leaves_version_1_intact_or_version_2_c
         point: str, tmp_path: Path) -> None:
     db = copy_of("0d78855", tmp_path)
     before = audit.snapshot(db)
-    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import sys
-        from queue_core import crashpoints, migrate
-        crashpoints.arm({point!r})
-        migrate(sys.argv[1])
-        """), str(db)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    child = migrate_killed_at(db, point)
     assert child.returncode == CRASH_EXIT_CODE, child.stderr
     snap = audit.snapshot(db)
     assert audit.check(snap) == [] and snap.version == (2 if point == "migrate.after_commit" else 1)

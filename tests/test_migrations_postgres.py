@@ -29,6 +29,7 @@ from queue_core import (BatchRejected, Handler, ModelClock, Queue, UnusableFile,
                         migrate, postgres)
 from queue_core.crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
 from queue_core.marks import APPLICATION_ID
+from queue_core.lab.lifetime.migration import migrate_killed_at
 
 SCHEMA_VERSION = postgres.SCHEMA_VERSION  # 4: schema 2's tables and the step's function
 # 1 -> 2 rewrites the five messages; 2 -> 3 adds a function, 3 -> 4 replaces it
@@ -306,12 +307,7 @@ MIGRATION_POINTS = [point for point in LIFETIME_POINTS if point.startswith("migr
 def test_a_migration_killed_at_each_point_leaves_version_1_intact_or_version_2_complete(
         point: str, schema1: str) -> None:
     before = audit.snapshot(schema1)
-    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import sys
-        from queue_core import crashpoints, migrate
-        crashpoints.arm({point!r})
-        migrate(sys.argv[1])
-        """), schema1], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    child = migrate_killed_at(schema1, point)
     assert child.returncode == CRASH_EXIT_CODE, child.stderr
     snap = audit.snapshot(schema1)
     assert audit.check(snap) == [] and snap.version == (2 if point == "migrate.after_commit" else 1)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import previous_engine
 from queue_core import CRASH_EXIT_CODE, Handler, ModelClock, Queue, UnusableFile, audit, drain
 from queue_core import migrate, postgres
 from queue_core.lab.lifetime.earlier import V1_STORY, worker_said
+from queue_core.lab.lifetime.migration import migrate_killed_at
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = previous_engine.SCHEMA3_ENGINE
@@ -125,12 +125,7 @@ def test_the_new_function_is_the_one_a_new_schema_gets(schema3: str, pg_dsn: str
 def test_the_step_killed_at_each_point_leaves_version_3_intact_or_version_4_complete(
         point: str, schema3: str) -> None:
     before, old_step = audit.snapshot(schema3), step_source(schema3)
-    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import sys
-        from queue_core import crashpoints, migrate
-        crashpoints.arm({point!r})
-        migrate(sys.argv[1])
-        """), schema3], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    child = migrate_killed_at(schema3, point)
     assert child.returncode == CRASH_EXIT_CODE, child.stderr
     snap = audit.snapshot(schema3)
     committed = point == "migrate.after_commit"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from queue_core import CRASH_EXIT_CODE, Handler, ModelClock, Queue, UnusableFile
 from queue_core import migrate, postgres, sqlite
 from queue_core.errors import IdRuleDiffers
 from queue_core.lab.lifetime.earlier import AFTER_MIGRATION, V1_STORY, worker_said
+from queue_core.lab.lifetime.migration import migrate_killed_at
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = previous_engine.SCHEMA4_ENGINE
@@ -119,12 +119,7 @@ def test_the_step_killed_at_each_point_leaves_the_old_version_intact_or_the_new_
         point: str, written: tuple[str, str]) -> None:
     store, db = written
     before, rows = audit.snapshot(db), stored_rows(db)
-    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import sys
-        from queue_core import crashpoints, migrate
-        crashpoints.arm({point!r})
-        migrate(sys.argv[1])
-        """), db], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    child = migrate_killed_at(db, point)
     assert child.returncode == CRASH_EXIT_CODE, child.stderr
     snap = audit.snapshot(db)
     committed = point == "migrate.after_commit"

@@ -57,17 +57,24 @@ class MigrationCase:
                 and self.money == self.money_after)
 
 
+def migrate_killed_at(db: str | os.PathLike[str], point: str) -> subprocess.CompletedProcess[str]:
+    """Run ``migrate(db)`` (a SQLite file or a PostgreSQL DSN) in a real child process
+    armed to end by ``os._exit`` at the crash point ``point``; return how it ended
+    (``CRASH_EXIT_CODE`` where it reached the point)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from queue_core import crashpoints, migrate
+        crashpoints.arm({point!r})
+        migrate(sys.argv[1])
+        """), os.fspath(db)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
 def kill_migration(v1_file: str | os.PathLike[str], point: str,
                    folder: str | os.PathLike[str]) -> MigrationCase:
     """Migrate a copy of ``v1_file`` in a child process killed at ``point``; read what is left."""
     db = Path(folder) / f"{point}.sqlite3"
     shutil.copyfile(v1_file, db)
-    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import sys
-        from queue_core import crashpoints, migrate
-        crashpoints.arm({point!r})
-        migrate(sys.argv[1])
-        """), str(db)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    child = migrate_killed_at(db, point)
     left = snapshot(db)
     migrate(db)
     after = snapshot(db)
