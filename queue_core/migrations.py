@@ -2,14 +2,21 @@
 
 A queue's schema version is ``PRAGMA user_version`` in a SQLite file, the
 ``schema_version`` of ``queue_core_meta`` on PostgreSQL. Each store counts
-its own (``sqlite.SCHEMA_VERSION``, 2; ``postgres.SCHEMA_VERSION``, 4): the
-first two mean the same tables on both; version 3 adds PostgreSQL's worker
-step as a function of the schema, which a SQLite file has no use for and is
-not rewritten for, and version 4 makes that function hold the payload to the
-digest kept from enqueue on, as the client's ACK does in Python. Each store
-lists its steps, one module per version (``sqlite/migrations/``,
-``postgres/migrations/``), and runs each in ONE transaction that reads the
-version again inside it:
+its own (``sqlite.SCHEMA_VERSION``, 3; ``postgres.SCHEMA_VERSION``, 5), and
+each step is one numbered module with a docstring saying what it changes and
+why (``sqlite/migrations/v0002.py`` ... ``postgres/migrations/v0005.py``):
+
+- SQLite 2, PostgreSQL 2: the same tables on both (the payload's digest, the
+  finish time, one live index, ``compacted``);
+- PostgreSQL 3: the worker step as a function of the schema, which a SQLite
+  file has no use for and is not rewritten for;
+- PostgreSQL 4: that function holds the payload to the digest kept from
+  enqueue on, as the client's ACK does in Python;
+- SQLite 3, PostgreSQL 5: the rule the queue's event ids follow, recorded
+  (an existing queue becomes a ``course`` queue; no row is rewritten).
+
+Each store's runner knows its list of steps and runs each in ONE transaction
+that reads the version again inside it:
 
 - a crash (or a power loss) leaves the old version intact or the new one
   complete, never a mixture;
@@ -31,9 +38,12 @@ this engine finishes the message. This engine reads a SQLite file's version
 as its last commit left it (through the ``-wal``, ``sqlite.inspect``) and
 again inside each write transaction (``sqlite.transaction``): a queue opened
 before the step writes at once after it, and a later engine's step is
-refused at the next transaction. PostgreSQL's step from 2 to 3 adds a
-function and changes no table: a worker of the release before goes on
-unchanged across it.
+refused at the next transaction: a running SQLite worker of the release
+before the id rule stops with ``schema_too_new`` at its next transaction
+after the step to 3. PostgreSQL's steps from 2 to 3 and from 4 to 5 change
+no row a worker writes, and the step from 3 to 4 replaces the function a
+worker calls: a worker of the release before goes on across each, calling
+the new function from its next step.
 
 What a step does not change: the page size and the auto-vacuum mode of an
 existing SQLite file (only ``VACUUM`` can, rewriting the whole file). A file
