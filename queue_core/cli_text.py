@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from .errors import CONNECTION_LOST_OUTCOME  # noqa: F401 - re-exported for the CLI
 from .ids import COURSE, described
 from .values import Metrics, Status
 

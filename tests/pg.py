@@ -23,6 +23,10 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 from queue_core.lab.servers.postgres_server import (NoPostgres, drop_schema,
                                                     fresh_schema as new_schema, own_server,
                                                     pg_ctl, private_postgres, schema_of)
+
+# own_server and schema_of are used through this module by the tests (pg.own_server)
+__all__ = ["REQUIRED_VARIABLE", "fresh_schema", "own_server", "restart", "schema_of", "server_dsn",
+           "with_lock_timeout"]
 from servers import server_or_skip
 
 REQUIRED_VARIABLE = "QUEUE_CORE_PG_REQUIRED"

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from queue_core import (Handler, IntegrityViolation, InvalidPayload, LeaseLost, ModelClock,
-                        Queue, UnknownEvent, audit, drain)
+                        Queue, audit, drain)
 from queue_core.acks import _effect_only
 from queue_core.lab.story.faults import FlakyHandler
 from queue_core.postgres import PostgresStore

@@ -11,9 +11,10 @@ import sys
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
-from ..cli_text import CONNECTION_LOST_OUTCOME, metrics_lines, status_lines, work_summary
+from ..cli_text import metrics_lines, status_lines, work_summary
 from ..clock import Clock, ModelClock, SystemClock
-from ..errors import ConnectionLost, IntegrityViolation, LockTimeout, QueueError, UnusableFile
+from ..errors import (CONNECTION_LOST_OUTCOME, ConnectionLost, IntegrityViolation, LockTimeout,
+                      QueueError, UnusableFile)
 from ..handler import Handler
 from ..ids import COURSE, GENERAL, require_same_rule
 from ..ingest import read_batch, require_ids

@@ -11,7 +11,6 @@ here: the bytes a file holds do not depend on when they reach the disk.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import tempfile
 from pathlib import Path

@@ -422,7 +422,7 @@ def naive_cleanup(queue: Queue) -> Cleanup:
     with queue.transaction() as conn:
         conn.execute(PG_BOOKS_SCHEMA if queue.store.name == "postgres" else BOOKS_SCHEMA)
         rolled = conn.execute("SELECT COALESCE(SUM(e.amount_cents), 0) FROM effects e JOIN "
-                              f"messages m ON m.event_id = e.event_id WHERE m.state = 'done'"
+                              "messages m ON m.event_id = e.event_id WHERE m.state = 'done'"
                               ).fetchone()[0]
         conn.execute(_ROLL_UP)
         # counted before each DELETE: PostgreSQL's pipeline mode reports no row count
