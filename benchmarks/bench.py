@@ -91,6 +91,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the cases live next to this file
     sys.path.insert(0, str(HERE))
 
+import bench_idcheck  # noqa: E402
 import fsyncs  # noqa: E402
 from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noqa: E402
                          PgRawCommits, QueueSize, RawCommits, Schemas, Slice, Worker)
@@ -287,8 +288,24 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         results["slow"] = slow_regime(say)
     say("timing the command line's start against a bare Python start")
     results["startup"] = startup()
+    if plan.full:
+        say("timing the event id's CHECK per UPDATE, each rule, each store")
+        results["id_check"] = id_check_costs(plan.postgres > 0)
     results["targets"] = evaluate(results)
     return results
+
+
+def id_check_costs(postgres: bool) -> dict[str, dict[str, float]]:
+    """What each id rule's CHECK adds per UPDATE (``bench_idcheck``), on SQLite and,
+    where the run has a server, on PostgreSQL (a scratch schema of its own)."""
+    costs: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="queue-idcheck-", dir=same_file_system_dir()) as tmp:
+        costs["sqlite"] = bench_idcheck.sqlite_costs(Path(tmp))
+    if postgres:
+        with _postgres(True, lambda text: None) as server:
+            if server is not None:
+                costs["postgres"] = bench_idcheck.postgres_costs(server)
+    return costs
 
 
 def startup(runs: int = 21) -> dict[str, float]:

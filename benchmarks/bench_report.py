@@ -122,6 +122,15 @@ def _startup(results: dict[str, Any]) -> tuple[float | None, str]:
             f"{times['help_s'] * 1000:.0f} ms vs {times['bare_s'] * 1000:.0f} ms")
 
 
+def _id_check(results: dict[str, Any]) -> tuple[float | None, str]:
+    """The general rule's CHECK per PostgreSQL state change, over the bare UPDATE."""
+    costs = (results.get("id_check") or {}).get("postgres")
+    if not costs:
+        return None, ""
+    return (costs["general"] / costs["none"],
+            f"{costs['general']:+.2f} us on {costs['none']:.2f} us; course {costs['course']:+.2f} us")
+
+
 def _against_peer(results: dict[str, Any] | None, ours: str, durable: bool
                   ) -> tuple[float | None, str]:
     """Our case over the fastest SQLite peer of that durability, consumer side."""
@@ -230,6 +239,9 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
     ("queue-core --help vs a bare Python start",
      "medians of interleaved starts, this interpreter; the engine is not loaded for --help",
      _startup, 3.0, False),
+    ("general id CHECK per state change vs the UPDATE's own work, PostgreSQL",
+     "what the CHECK of a general queue's ids adds to an UPDATE of a row's state, over that "
+     "UPDATE without it (SQLite never evaluates it there: bench_idcheck)", _id_check, 0.5, False),
     ("fsyncs per consumed message (strace)",
      "drain, one message at a time, FULL*", _fsyncs, 1.05, False),
     ("single consume vs raw commits, 2 ms flush",

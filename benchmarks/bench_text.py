@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import bench_idcheck
 from bench_report import evaluate, on_disk
 from peer_safety import describe
 from queue_core.queue import PRUNE_BATCH
@@ -386,5 +387,8 @@ def report(results: dict[str, Any]) -> list[str]:
         same = same_work_table(slow, title)
         lines += [""] + same if same else []
     lines += notes(results) + same_work_notes(results) + safety_lines(results) \
-        + lifetime_lines(results) + target_lines(results)
+        + lifetime_lines(results)
+    if results.get("id_check"):
+        lines += ["", *bench_idcheck.lines(results["id_check"])]
+    lines += target_lines(results)
     return lines
