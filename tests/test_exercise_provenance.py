@@ -13,6 +13,7 @@ have passed.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import json
@@ -27,7 +28,8 @@ from typing import Callable
 import pytest
 
 from conftest import ROOT
-from queue_core import Handler, Queue, drain
+from queue_core import Handler, ModelClock, Queue, drain
+from queue_core.values import Effect
 from queue_core.audit import check, snapshot
 from queue_core.lab import exercises
 from queue_core.lab.exercises import NOT_QUITE, SOLVED
@@ -439,6 +441,123 @@ def test_rows_written_with_own_sql_inside_the_queues_own_transaction_are_refused
         f"the queue only through {mine}'s calls")
 
 
+class WritingClock(ModelClock):
+    """A model clock that, the first time it is read inside one of the queue's write
+    transactions, writes the given rows with the queue's own connection: SQL of one's
+    own, run back by a call of the package's, inside that call's transaction."""
+
+    def __init__(self, queue: Queue, rows: dict[str, list[tuple[object, ...]]]) -> None:
+        super().__init__(queue.clock.now())
+        self.queue, self.rows = queue, rows
+
+    def now(self) -> int:
+        conn = self.queue.connection
+        if self.rows and conn is not None and conn.in_transaction:
+            rows, self.rows = self.rows, {}
+            conn.execute("PRAGMA defer_foreign_keys = ON")
+            for table in rows:
+                conn.execute(f'DELETE FROM "{table}"')
+            for table, found in rows.items():
+                if found:
+                    marks = ", ".join("?" * len(found[0]))
+                    conn.executemany(f'INSERT INTO "{table}" VALUES ({marks})', found)
+        return super().now()
+
+
+def written_by_its_clock(queue: Queue, solved: Queue) -> None:
+    """The rows of ``solved`` written into ``queue`` by its clock, inside a real claim."""
+    queue.clock = WritingClock(queue, model_rows(solved.path))
+    with queue.session():
+        queue.claim()
+
+
+def clocked_1(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    from test_exercises import EDIT_E0001, NEW_E0005, refused
+    mine, model = in_two(tmp)
+    solved = exercises.start_1(model)
+    refused(lambda: solved.enqueue_jsonl(EDIT_E0001))
+    solved.enqueue_jsonl(NEW_E0005)
+    drain(solved, Handler())
+    q1 = exercises.start_1(mine)
+    edit_refusal = refused(lambda: q1.enqueue_jsonl(EDIT_E0001))
+    written_by_its_clock(q1, solved)
+    return q1, (edit_refusal,)
+
+
+def clocked_3(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    mine, model = in_two(tmp)
+    q3 = exercises.start_3(mine)
+    written_by_its_clock(q3, solve_3(exercises.start_3(model)))
+    return q3, ()
+
+
+def clocked_4(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    from test_exercises import refused, stall_then_dead, stalled_worker_story
+    mine, model = in_two(tmp)
+    solved = exercises.start_4(model)
+    stalled_worker_story(solved)
+    q4 = exercises.start_4(mine)
+    w1, before = stall_then_dead(q4, Handler())
+    q4.redrive("E0004")
+    assert q4.claim() is not None
+    after = (w1, refused(lambda: q4.complete(w1, Handler().supporting("toy"))))
+    q4.clock.advance(1000)  # past W3's lease: the next claim reads the clock in its transaction
+    written_by_its_clock(q4, solved)  # ... and W3's ACK written by the clock
+    return q4, (before, after)
+
+
+@pytest.mark.parametrize("number, forge", [(1, clocked_1), (3, clocked_3), (4, clocked_4)],
+                         ids=["exercise-1", "exercise-3", "exercise-4"])
+def test_rows_written_by_code_a_call_runs_back_are_refused_as_sql_inside_that_call(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], number: int,
+        forge: Callable[[Path], tuple[Queue, tuple[object, ...]]]) -> None:
+    queue, arguments = forge(tmp_path)
+    capsys.readouterr()
+    assert check(snapshot(queue.path)) == []  # the audit alone cannot tell
+
+    verdict = getattr(exercises, f"check_{number}")(queue, *arguments)
+
+    mine = f"q{number}"
+    assert verdict.status == NOT_QUITE
+    assert verdict_of(capsys, verdict) == (
+        f"Not quite: a hand edit: SQL of your own ran inside `{mine}.claim_batch()`: code that "
+        "the call runs back (a clock of your own, a handler's effect_of) wrote with "
+        f"{mine}'s connection within the call's own transaction, so what the call left cannot "
+        f"be told from the package's own work. Next: run `start_{number}` again "
+        f"(`{mine} = exercises.start_{number}(workdir)`) and change the queue only through "
+        f"{mine}'s calls")
+
+
+def test_an_effect_of_that_rewrites_the_stored_payload_inside_the_ack_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_exercises import EDIT_E0001, refused
+    q1 = exercises.start_1(tmp_path)
+    edit_refusal = refused(lambda: q1.enqueue_jsonl(EDIT_E0001))
+    q1.enqueue_jsonl('{"event_id": "E0005", "payload": {"category": "pen", "amount_cents": 1000}}')
+    edited = '{"amount_cents":2000,"category":"pen"}'
+
+    class Rewriting(Handler):  # only effect_of is its own: judged by what it wrote, not by name
+        def effect_of(self, payload):  # type: ignore[no-untyped-def]
+            if payload.get("amount_cents") == 1000 and q1.connection is not None:
+                q1.connection.execute(
+                    "UPDATE messages SET payload = ?, payload_sha256 = ? WHERE event_id = 'E0005'",
+                    (edited, hashlib.sha256(edited.encode()).digest()))
+                return Effect("pen", 2000)
+            return super().effect_of(payload)
+
+    with q1.session():
+        drain(q1, Rewriting())
+    capsys.readouterr()
+    assert figures(q1.path) == (19000, 4, {"dead": 1, "done": 4})  # the right answer's figures
+    assert check(snapshot(q1.path)) == []
+
+    verdict = exercises.check_1(q1, edit_refusal)
+
+    assert verdict.status == NOT_QUITE
+    assert verdict_of(capsys, verdict).startswith(
+        "Not quite: a hand edit: SQL of your own ran inside `q1.complete_and_claim()`"), verdict.text
+
+
 def test_a_handler_of_ones_own_that_writes_with_the_acks_connection_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     class Recording(Handler):
@@ -481,11 +600,22 @@ def test_the_recorder_driven_by_hand_signs_anything_as_exercises_md_says(
     said = " ".join((ROOT / "EXERCISES.md").read_text(encoding="utf-8").split())
     assert ("What a check cannot see, and does not promise: code that reads the kernel's key, "
             "or drives the course's own recorder by hand (the queue's private `_calling`, which "
-            "the course's runners use), can sign any content") in said
+            "the course's runners use) with statements compiled as if they were the package's "
+            "own code, can sign any content") in said
     mine, model = in_two(tmp_path)
+    rows = model_rows(solve_3(exercises.start_3(model)).path)
     q3 = exercises.start_3(mine)
     with q3._calling("complete"):  # type: ignore[attr-defined]
-        written_in_its_transaction(q3, model_rows(solve_3(exercises.start_3(model)).path))
+        written_in_its_transaction(q3, rows)  # SQL from this file: refused
+    capsys.readouterr()
+    assert exercises.check_3(q3).status == NOT_QUITE
+
+    q3 = exercises.start_3(mine)
+    posing = {"written_in_its_transaction": written_in_its_transaction}
+    package_file = str(Path(exercises.__file__).resolve().parent / "posing.py")
+    exec(compile(inspect.getsource(written_in_its_transaction), package_file, "exec"), posing)
+    with q3._calling("complete"):  # type: ignore[attr-defined]
+        posing["written_in_its_transaction"](q3, rows)
     capsys.readouterr()
 
     assert exercises.check_3(q3).status == SOLVED  # what a check cannot see

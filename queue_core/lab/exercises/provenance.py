@@ -35,22 +35,29 @@ A check then asks three things of the file it is given:
 - did every witnessed call start from a signed state? A hand edit followed
   by a call (which would sign the edited content) is recorded as such.
 
+Inside a witnessed call, a statement that writes and was run from code
+outside the package (a clock of one's own, a handler's ``effect_of``, SQL
+in a ``_calling`` block: code the call runs back, within its transaction)
+is noted in the call's entry (``own_sql``), and the check refuses it.
+
 What it cannot see: the key is in this kernel's memory, so code that reads
 it (or that runs the engine's own calls on a ``WitnessedQueue`` to reach a
-state, or opens a transaction inside ``_calling`` as the course's runners do)
-can sign anything; the witness proves that a state was reached
+state, or runs statements inside ``_calling`` from code compiled under a
+file name of the package's) can sign anything; the witness proves that a state was reached
 through the package's calls on the queue the start handed out, not which
 calls a learner meant to make. EXERCISES.md says so.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import os
 import secrets
 import sqlite3
+import sys
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,14 +219,48 @@ class WitnessedQueue(Queue):
             if before not in self.witness.signed():
                 self.witness.sign("tampered", before, before)
             tables = table_digests(conn) if call is None else {}
-            yield conn
+            own: list[str] = []
+            if call is not None:  # code the call runs back (a clock, effect_of) is not the call
+                conn.set_trace_callback(_statements_from_outside(own))
+            try:
+                yield conn
+            finally:
+                if call is not None:
+                    conn.set_trace_callback(None)
             after = content_digest(conn)
             if call is not None:
-                self.witness.sign("call", before, after, **call)
+                self.witness.sign("call", before, after, **call,
+                                  **({"own_sql": sorted(set(own))} if own else {}))
                 return
             now = table_digests(conn)
             changed = sorted(t for t in set(tables) | set(now) if tables.get(t) != now.get(t))
             self.witness.sign("sql", before, after, tables=changed)
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
+_READS = ("SELECT", "EXPLAIN")
+
+
+@functools.lru_cache(maxsize=256)
+def _in_package(filename: str) -> bool:
+    """Whether code of the file ``filename`` (a code object's) is the package's own."""
+    return os.path.realpath(filename).startswith(_PACKAGE)
+
+
+def _statements_from_outside(found: list[str]) -> Callable[[str], None]:
+    """A trace callback that notes the first word of every statement that is no read
+    and was run from code outside the package (``found``): inside a witnessed call,
+    that is code the call ran back, a clock of one's own or a handler's
+    ``effect_of``, writing with the queue's connection within the call's own
+    transaction. The frame above the callback is the one that called ``execute``."""
+    def traced(statement: str) -> None:
+        words = statement.split(None, 1)
+        first = words[0].upper() if words else ""
+        if first in _READS or first.startswith("--"):  # a read, or a trigger's own line
+            return
+        if not _in_package(sys._getframe(1).f_code.co_filename):
+            found.append(first)
+    return traced
 
 
 def _signed_as(name: str) -> Callable[..., Any]:
@@ -345,6 +386,14 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
                        f"{'s' if len(own) > 1 else ''} {', '.join(own)}): a transaction you open "
                        "yourself is not one of the package's calls, though it runs on "
                        f"{mine}", again)
+    inside = sorted({entry.get("what", "") for entry in entries
+                     if entry["kind"] == "call" and entry.get("own_sql")})
+    if inside:
+        calls = ", ".join(f"`{mine}.{what}()`" for what in inside)
+        return Refused("sql", f"SQL of your own ran inside {calls}: code that the call runs "
+                       f"back (a clock of your own, a handler's effect_of) wrote with {mine}'s "
+                       "connection within the call's own transaction, so what the call left "
+                       "cannot be told from the package's own work", again)
     handlers = sorted({(entry["handler"], hook) for entry in entries if entry["kind"] == "call"
                        for hook in entry.get("hooks", ())})
     if handlers:
