@@ -336,13 +336,16 @@ def test_an_integer_option_takes_plain_ascii_digits_only(
     (["--now"], "missing_value: argument --now: expected one argument"),
     (["--db", "queue.sqlite3", "--now"], "missing_value: argument --now: expected one argument"),
     (["status", "extra"], "unexpected_argument: unrecognized arguments: extra"),
+    (["work", "--accept"], "missing_value: argument --accept: expected at least one argument"),
+    (["redrive"], "missing_option: the following arguments are required: EVENT_ID"),
     (["prune", "--older", "60"], "unknown_option: the command 'prune' has no option --older; "
                                  "did you mean --older-than? as in: queue-core prune "
                                  "--older-than 60"),
     (["--no", "5", "status"], "unknown_option: queue-core has no option --no; did you mean "
                               "--now? as in: queue-core --now 5 status"),
 ], ids=["missing-older-than", "negative-older-than", "word-now", "now-without-value",
-        "last-now-without-value", "extra-argument", "abbreviated-older-than",
+        "last-now-without-value", "extra-argument", "accept-without-value", "redrive-without-id",
+        "abbreviated-older-than",
         "abbreviated-now"])
 def test_every_argument_refusal_starts_with_a_stable_code_and_none_is_abbreviated(
         scratch: Path, args: list[str], error: str) -> None:

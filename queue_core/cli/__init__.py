@@ -53,6 +53,7 @@ READING_COMMANDS = ("status", "metrics")
 # argparse's own refusals, by what their text says; any other is ``invalid_argument``.
 ARGPARSE_CODES = (("the following arguments are required", "missing_option"),
                   ("expected one argument", "missing_value"),
+                  ("expected at least one argument", "missing_value"),
                   ("unrecognized arguments", "unexpected_argument"))
 GLOBAL_OPTIONS = ("--db", "--now")  # each takes a value; they belong before the command
 

@@ -25,7 +25,7 @@ ENGINES = {"265c64c": "schema 1, 1 KB pages",
            "0d78855": "schema 1, 4 KB pages"}  # the last before new files got 1 KB pages
 PREVIOUS = "265c64c"
 # The last release before PostgreSQL's schema 3 (the worker's step as a function):
-# it writes schema 2 on both stores, and SQLite's schema 2 is still this engine's.
+# it writes schema 2 on both stores (SQLite's 2 was this engine's until the id rule's 3).
 SCHEMA2_ENGINE = "5e07019"
 # The last release before PostgreSQL's schema 4 (the step holds the payload to the
 # digest kept from enqueue on): it writes PostgreSQL's schema 3, SQLite's 2.
