@@ -94,19 +94,22 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
     queue empty slept up to 100 ms after the others had finished, and a
     worker beside a prune slept through most of the time the lock was free.
     So the lock is asked for without waiting (``busy_timeout`` 0 for the
-    ``BEGIN``) and asked again every ``LOCK_POLL_SECONDS``, for as long as the
-    busy timeout would have waited; then SQLite's own ``database is locked``
-    error goes on.
+    ``BEGIN``) and asked again, the first polls after each ask shorter (a
+    prune's batch holds the lock about a millisecond), then every
+    ``LOCK_POLL_SECONDS``, for as long as the busy timeout would have waited;
+    then SQLite's own ``database is locked`` error goes on.
 
     A waiter does not snatch the lock in the gap between two messages of a
     worker that is still committing: each time the lock changes hands
     between processes, the new holder reads every page it needs again
     (SQLite drops a connection's whole page cache once another connection
     has written), which cost more than the gap. So while ``PRAGMA
-    data_version`` (read without any lock) says another connection committed
-    since the last ask, a waiter lets up to ``LOCK_PATIENCE`` asks pass; once
-    a poll passes with no commit (the holder stopped, or is in one long
-    transaction) it asks at once. ``polling`` changes both for a block.
+    data_version`` (read without any lock) says another connection commits
+    poll after poll, a waiter lets up to ``LOCK_PATIENCE`` asks pass. It asks
+    at once after a poll with no commit (the holder stopped, or is inside one
+    long transaction), and after the first commit that follows such a poll
+    (a prune's batch, say, has just ended). ``polling`` changes both for a
+    block.
 
     Every ``SQLITE_BUSY`` is asked again, ``SQLITE_BUSY_RECOVERY`` included
     (another connection is rebuilding the WAL index). The busy timeout is
@@ -115,11 +118,11 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
     waits for a writer in WAL mode, and a read that meets a recovery still
     waits for it instead of failing.
     """
-    (poll, patience), passed = _POLL.get(), 0
+    poll, patience = _POLL.get()
     deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
     conn.execute("PRAGMA busy_timeout = 0")
     try:
-        seen = None
+        calm = False  # whether the last poll saw no commit
         while True:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -127,14 +130,15 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
             except sqlite3.OperationalError as exc:
                 if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY or time.monotonic() > deadline:
                     raise
-            seen = _data_version(conn)
+            seen, passed, nap = _data_version(conn), 0, poll / 8
             while True:
-                time.sleep(poll)
+                nap = min(nap * 2, poll)  # poll / 4, / 2, then poll: a short hold ends soon
+                time.sleep(nap)
                 now = _data_version(conn)
-                if now == seen or passed >= patience or now is None:
-                    break  # nobody committed during the poll (or enough asks passed): ask
-                seen, passed = now, passed + 1
-            passed = 0
+                if now is None or now == seen or calm or passed >= patience:
+                    break  # ask: nobody committed, or one commit after a quiet spell
+                seen, passed = now, passed + 1  # the holder commits again and again
+            calm = now == seen
     finally:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
 
