@@ -147,7 +147,7 @@ def _data_version(conn: sqlite3.Connection) -> int | None:
     """What ``PRAGMA data_version`` says now (it changes with every commit of another
     connection), or ``None`` if even that read met a lock (a WAL recovery)."""
     try:
-        return int(conn.execute("PRAGMA data_version").fetchone()[0])
+        return int(conn.execute("PRAGMA data_version").fetchall()[0][0])  # read to the end
     except sqlite3.OperationalError as exc:
         if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY:
             raise
