@@ -36,15 +36,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Protocol, TypeVar
+from typing import Any, Callable, ContextManager, Protocol, TypeVar
 
 from . import audit
 from .crashpoints import crash_point
-from .sqlite import BUSY_TIMEOUT_SECONDS
+from .sqlite import BUSY_TIMEOUT_SECONDS, SQLITE_BUSY, polling
 from .values import State, Transition
 
 from .clock import Clock
@@ -71,9 +69,8 @@ __all__ = ["Pruned", "prune"]
 READ_AHEAD = 10             # batches whose candidates and journal rows one read gathers
 VACUUM_PAGES = 64           # pages given back per incremental-vacuum transaction
 _EARLIEST = -(2**63)        # the least 64-bit integer, the earliest cutoff both stores take
-LOCK_POLL_SECONDS = 0.0002  # how often a prune asks again for SQLite's write lock
+LOCK_POLL_SECONDS = 0.0002  # how often a prune asks again for SQLite's write lock (``polling``)
 WAL_TRUNCATE_BYTES = 1024 * 1024  # a WAL this long is truncated after a prune, if idle
-SQLITE_BUSY = 5
 
 # The done messages old enough to prune, oldest first, from the ``done`` range of
 # ``messages_live`` (a pruned message leaves it). Parameters: cutoff, cutoff, limit.
@@ -176,7 +173,7 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
                 lambda conn: _read_ahead(conn, cutoff, ahead, kept + skipped))
             for start in range(0, len(ids), batch_size):
                 started = time.perf_counter()
-                with _writing(queue) as conn:
+                with polling(LOCK_POLL_SECONDS), queue.transaction() as conn:
                     crash_point("prune.after_begin")
                     queue.store.serialize_enqueue(conn)  # PostgreSQL: one prune or enqueue at a time
                     done, refused, dropped, held = _one_batch(
@@ -258,44 +255,6 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
     return len(compacted), refused, len(seqs), held
 
 
-@contextmanager
-def _writing(queue: Queue) -> Iterator[Any]:
-    """``queue.transaction()`` on the prune's session, its write lock taken promptly.
-
-    SQLite admits one writer, and a connection that finds the lock taken sleeps
-    in its busy handler (1 ms, 2 ms, 5 ms, ... up to 100 ms between tries): a
-    worker that commits message after message leaves gaps far shorter than
-    those sleeps, and such a prune would wait for minutes. So on SQLite the
-    prune asks for the lock without waiting and tries again every
-    ``LOCK_POLL_SECONDS``, for as long as the busy timeout would have waited.
-    """
-    if queue.store.name != "sqlite":
-        with queue.transaction() as conn:
-            yield conn
-        return
-    conn = queue.connection
-    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
-    conn.execute("PRAGMA busy_timeout = 0")
-    try:
-        while True:
-            entered = queue.transaction()
-            try:
-                entered.__enter__()
-                break
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY or time.monotonic() > deadline:
-                    raise
-            time.sleep(LOCK_POLL_SECONDS)
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
-    try:
-        yield conn
-    except BaseException:
-        entered.__exit__(*sys.exc_info())
-        raise
-    entered.__exit__(None, None, None)
-
-
 def _journal_of(conn: Any, ids: set[str]) -> dict[str, list[Transition]]:
     """The journal rows of ``ids``, from one walk of the journal from its oldest row,
     which stops once each has its ``done`` row (its last: done is final). The
@@ -326,7 +285,7 @@ def _file_bytes(queue: Queue) -> int:
 def _give_back(queue: Queue) -> None:
     """Give the freed pages back to the file system, a few at a time (SQLite with
     incremental auto-vacuum: each ``incremental_vacuum`` is its own short write
-    transaction, its lock taken as a batch's is), once at least ``VACUUM_PAGES``
+    transaction), once at least ``VACUUM_PAGES``
     are free (fewer are simply reused by the next writes). Then, once the WAL
     has grown past ``WAL_TRUNCATE_BYTES``, copy it into the file and truncate it
     to nothing if no other connection is using it at that moment
@@ -338,7 +297,7 @@ def _give_back(queue: Queue) -> None:
     conn = queue.connection
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # 2: INCREMENTAL
         while conn.execute("PRAGMA freelist_count").fetchone()[0] >= VACUUM_PAGES:
-            with _writing(queue):
+            with polling(LOCK_POLL_SECONDS), queue.transaction():
                 # One page per statement: ``incremental_vacuum(N)`` gives back a page
                 # per step, and Python 3.11's sqlite3 steps it once where 3.12 steps
                 # it to the end, so N in one statement would depend on the Python.

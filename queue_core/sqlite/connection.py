@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
 from ..errors import UnusableFile
 from ..marks import refuse_other_version
-from .schema import BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES
+from .schema import BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, LOCK_PATIENCE, LOCK_POLL_SECONDS
 
 
 def connect(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> sqlite3.Connection:
@@ -60,13 +64,104 @@ def _connect_immutable(name: str) -> sqlite3.Connection:
 
 
 
+SQLITE_BUSY = 5  # the primary code of SQLITE_BUSY, _RECOVERY, _SNAPSHOT and _TIMEOUT
+# (seconds between asks, asks a writer lets pass while the holder keeps committing)
+_POLL: ContextVar[tuple[float, int]] = ContextVar("lock_poll", default=(LOCK_POLL_SECONDS,
+                                                                       LOCK_PATIENCE))
+
+
+@contextmanager
+def polling(seconds: float, patience: int = 0) -> Iterator[None]:
+    """In the block, ask for the write lock every ``seconds``, and let at most
+    ``patience`` asks pass while the holder keeps committing (``begin_immediate``),
+    whatever transaction helper the block goes through. A prune asks often and
+    at once: beside a worker that holds the lock all but a few tens of
+    microseconds between its messages, a prune that waited for a quiet moment
+    fell behind."""
+    token = _POLL.set((seconds, patience))
+    try:
+        yield
+    finally:
+        _POLL.reset(token)
+
+
+def begin_immediate(conn: sqlite3.Connection) -> None:
+    """``BEGIN IMMEDIATE`` on ``conn``, the write lock taken soon after it is free.
+
+    SQLite admits one writer. Its busy handler makes a writer that finds the
+    lock taken sleep 1 ms, then 2, 5, 10 ... up to 100 ms between tries, even
+    when the lock is free again 0.1 ms later: the last worker to find the
+    queue empty slept up to 100 ms after the others had finished, and a
+    worker beside a prune slept through most of the time the lock was free.
+    So the lock is asked for without waiting (``busy_timeout`` 0 for the
+    ``BEGIN``) and asked again, the first polls after each ask shorter (a
+    prune's batch holds the lock about a millisecond), then every
+    ``LOCK_POLL_SECONDS``, for as long as the busy timeout would have waited;
+    then SQLite's own ``database is locked`` error goes on.
+
+    A waiter does not snatch the lock in the gap between two messages of a
+    worker that is still committing: each time the lock changes hands
+    between processes, the new holder reads every page it needs again
+    (SQLite drops a connection's whole page cache once another connection
+    has written), which cost more than the gap. So while ``PRAGMA
+    data_version`` (read without any lock) says another connection commits
+    poll after poll, a waiter lets up to ``LOCK_PATIENCE`` asks pass. It asks
+    at once after a poll with no commit (the holder stopped, or is inside one
+    long transaction), and after the first commit that follows such a poll
+    (a prune's batch, say, has just ended). ``polling`` changes both for a
+    block.
+
+    Every ``SQLITE_BUSY`` is asked again, ``SQLITE_BUSY_RECOVERY`` included
+    (another connection is rebuilding the WAL index). The busy timeout is
+    set back before the body runs, so the body's statements, and every read
+    on this connection or any other, wait as they always did: a reader never
+    waits for a writer in WAL mode, and a read that meets a recovery still
+    waits for it instead of failing.
+    """
+    poll, patience = _POLL.get()
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        calm = False  # whether the last poll saw no commit
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+            seen, passed, nap = _data_version(conn), 0, poll / 8
+            while True:
+                nap = min(nap * 2, poll)  # poll / 4, / 2, then poll: a short hold ends soon
+                time.sleep(nap)
+                now = _data_version(conn)
+                if now is None or now == seen or calm or passed >= patience:
+                    break  # ask: nobody committed, or one commit after a quiet spell
+                seen, passed = now, passed + 1  # the holder commits again and again
+            calm = now == seen
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+
+
+def _data_version(conn: sqlite3.Connection) -> int | None:
+    """What ``PRAGMA data_version`` says now (it changes with every commit of another
+    connection), or ``None`` if even that read met a lock (a WAL recovery)."""
+    try:
+        return int(conn.execute("PRAGMA data_version").fetchall()[0][0])  # read to the end
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY:
+            raise
+        return None
+
+
 class transaction:  # noqa: N801 - used like a function: ``with transaction(conn):``
     """Run the body inside ``BEGIN IMMEDIATE``: commit on success, roll back on
     any exception (``BaseException`` included, so an interrupt or an encoding
     error never leaves the transaction open).
 
     ``IMMEDIATE`` takes the write lock before the first read, so choosing a
-    row and changing it cannot interleave with another writer.
+    row and changing it cannot interleave with another writer; a writer that
+    finds it taken starts as soon as it is free (``begin_immediate``).
 
     ``relaxed=True`` commits this one transaction at ``synchronous=NORMAL``
     (in WAL mode: its frames are written, not fsynced) and sets the
@@ -98,7 +193,7 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
         if self.relaxed:
             self.conn.execute("PRAGMA synchronous = NORMAL")
         try:
-            self.conn.execute("BEGIN IMMEDIATE")
+            begin_immediate(self.conn)
         except BaseException:
             self._restore()
             raise

@@ -19,6 +19,10 @@ PAGE_SIZE = 1024
 # rewrites every page the WAL holds: keep the default's 4 MB between them.
 CHECKPOINT_PAGES = 4 * 1024 * 1024 // PAGE_SIZE
 BUSY_TIMEOUT_SECONDS = 30.0
+# A writer that finds the write lock taken asks again this often, and lets at most
+# this many asks pass while the holder keeps committing (``connection.begin_immediate``).
+LOCK_POLL_SECONDS = 0.001
+LOCK_PATIENCE = 8
 SCHEMA_VERSION = 3           # PRAGMA user_version of the schema below; ``migrations``
                              # upgrades a file of every earlier version to it
 META_TABLE = "queue_meta"
