@@ -195,7 +195,8 @@ class Run:
                   "rss_before_mb": max(a["rss_before_mb"] for a in answers),
                   "rss_holding_mb": max(a["rss_holding_mb"] for a in answers),
                   "rss_after_mb": max(a["rss_after_mb"] for a in answers),
-                  "most_held": max(a["outcomes_held"] for a in answers), **found}
+                  "most_held": max(a["outcomes_held"] for a in answers),
+                  "ru_maxrss_mb": max(a["ru_maxrss_mb"] for a in answers), **found}
         self.phases.append(result)
         self.say(f"{self.store}: {workers} worker(s), {count:,} events in {span:.1f} s: "
                  f"{rate:,.0f}/s, {result['vs_raw']:.2f} of raw commits; claim to ACK "
@@ -272,6 +273,9 @@ def run_store(store: str, db: str, control_db: str, raw_db: str, plan: Plan,
         for n, count in zip(workers, shares(events, workers)):
             main.phase(n, count)
         found["prune"] = main.stop_pruner()
+        if probe.is_pg(db):  # what a vacuum does to the claim's reads, now nothing is ready
+            found["vacuum_test"] = probe.vacuum_test(db, int(time.time()))
+        found["relations"] = probe.relations(db)
         say(f"{store}: the audit over {main.next_id:,} events")
         found["audit"] = main.audit()
     finally:
@@ -281,6 +285,7 @@ def run_store(store: str, db: str, control_db: str, raw_db: str, plan: Plan,
     for count in shares(plan.control, (1, 1, 1)):
         control.phase(2, count)
     found["control_audit"] = control.audit()
+    found["control_relations"] = probe.relations(control_db)
     found["control"], found["control_samples"] = control.phases, control.samples
     return found
 

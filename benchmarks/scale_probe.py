@@ -83,6 +83,43 @@ def pg_vacuum_state(db: str) -> dict[str, int]:
             "leased_index_pages": int(leased)}
 
 
+def vacuum_test(db: str, now: int) -> dict[str, Any]:
+    """The claim's buffers, then ``VACUUM messages``, then the buffers again, with
+    the table's dead row versions before: if the claim's reads shrink, what they
+    read was index entries of dead row versions that only a vacuum removes."""
+    import time
+
+    import psycopg
+
+    before = {**claim_work(db, now), **pg_vacuum_state(db)}
+    started = time.perf_counter()
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("VACUUM messages")
+    seconds = time.perf_counter() - started
+    return {"before": before, "after": {**claim_work(db, now), **pg_vacuum_state(db)},
+            "vacuum_s": seconds}
+
+
+def relations(db: str) -> dict[str, int]:
+    """Bytes of each table and index of the queue, largest first."""
+    if is_pg(db):
+        import psycopg
+
+        with psycopg.connect(db, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT c.relname, pg_table_size(c.oid) FROM pg_class c "
+                "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN "
+                "('r', 'i') AND c.relname <> 'queue_core_meta'").fetchall()
+    else:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None)
+        try:
+            rows = conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall()
+        finally:
+            conn.close()
+    return dict(sorted(((str(name), int(size)) for name, size in rows),
+                       key=lambda item: -item[1]))
+
+
 def claim_work(db: str, now: int) -> dict[str, int]:
     """The claim's work for one claim at ``now``: ``{"due": n, "expired": n}``
     (PostgreSQL: buffers; SQLite: VM instructions; see the module)."""
