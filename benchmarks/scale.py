@@ -74,6 +74,9 @@ class Plan:
     sample_s: float  # sizes and the claim's work, every this many seconds
     postgres: bool = True
     sqlite: bool = True
+    # A trial, not what the package does: the pruner also runs VACUUM messages on
+    # PostgreSQL after every this many messages pruned (0: never; autovacuum only).
+    vacuum_every: int = 0
 
 
 FULL = Plan(pg_events=1_000_000, pg_workers=(1, 2, 4, 8), sqlite_events=200_000,
@@ -127,7 +130,8 @@ class Run:
         self.started = time.perf_counter()
         self.samples: list[dict[str, Any]] = []
         self.phases: list[dict[str, Any]] = []
-        self.pruner = Process("prune", db, plan.retention_s) if prune else None
+        vacuum = plan.vacuum_every if probe.is_pg(db) else 0
+        self.pruner = Process("prune", db, plan.retention_s, vacuum) if prune else None
         if self.pruner is not None:
             self.pruner.go()
         self.sample(0, settled=True)  # the empty queue's size
@@ -327,10 +331,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ci", action="store_true",
                         help="the small form; the exit status depends on the checks only")
     parser.add_argument("--strict", action="store_true", help="a missed target exits 1 too")
+    parser.add_argument("--only", choices=("postgres", "sqlite"), help="one store only")
+    parser.add_argument("--vacuum-every", type=int, default=0, metavar="N",
+                        help="a trial: the pruner runs VACUUM messages on PostgreSQL after "
+                             "every N messages pruned (the package never does)")
     parser.add_argument("--png", default=str(HERE.parent / "build" / "scale.png"),
                         help="where the picture goes")
     args = parser.parse_args(argv)
-    plan = SMALL if args.ci else PLANS[args.scale]
+    plan = replace(SMALL if args.ci else PLANS[args.scale], vacuum_every=args.vacuum_every,
+                   postgres=args.only != "sqlite", sqlite=args.only != "postgres")
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,12 @@ def claim_ends(samples: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
     busy = [s for s in samples if s["ready"] > 0 and s["phase"] == last and not s["settled"]]
     busy = busy[1:] or busy  # the first was taken before the workers started
     return (busy[0], busy[-1]) if busy else None
+
+
+def cpu_ms(phase: dict[str, Any]) -> float:
+    """Milliseconds of this machine's CPU (every core, every process on it: the
+    workers, the server, the pruner, and whatever else ran) per message."""
+    return phase["cpu_busy"] * (os.cpu_count() or 1) * phase["seconds"] / phase["events"] * 1e3
 
 
 def _flat(start: int, end: int) -> bool:
@@ -84,12 +91,13 @@ def _store_lines(store: str, found: dict[str, Any]) -> list[str]:
     lines = [f"{name}: {sum(p['events'] for p in found['phases']):,} general events, prune "
              "beside the workers",
              "  workers   events    msg/s  raw/s (same clients)  vs raw  x1 worker  CPU busy  "
-             "p50 ms  p99 ms  peak RSS MB"]
+             "CPU ms/msg  p50 ms  p99 ms  peak RSS MB"]
     one = found["phases"][0]["rate"]
     for p in found["phases"]:
         raw = (p["raw_before"] + p["raw_after"]) / 2
         lines.append(f"  {p['workers']:>7} {p['events']:>8,} {p['rate']:>8,.0f} {raw:>21,.0f} "
                      f"{p['vs_raw']:>7.2f} {p['rate'] / one:>10.2f} {p['cpu_busy']:>9.0%} "
+                     f"{cpu_ms(p):>11.2f} "
                      f"{p['p50_s'] * 1e3:>7.1f} {p['p99_s'] * 1e3:>7.1f} "
                      f"{p['peak_rss_mb']:>12.1f}")
     for p in found["control"][:1]:
@@ -156,7 +164,9 @@ def _store_lines(store: str, found: dict[str, Any]) -> list[str]:
     prune = found.get("prune", {})
     if prune:
         lines.append(f"  pruner: {prune['messages']:,} pruned in {prune['calls']:,} calls, "
-                     f"longest batch {prune['longest_s'] * 1e3:.1f} ms")
+                     f"longest batch {prune['longest_s'] * 1e3:.1f} ms"
+                     + (f"; {prune['vacuums']} VACUUM messages, {prune['vacuum_s']:.1f} s in all"
+                        if prune.get("vacuums") else ""))
     return lines
 
 
@@ -176,6 +186,9 @@ def report(results: dict[str, Any], judged: dict[str, bool | None]) -> list[str]
              f"{results['seconds']:.0f} s in all",
              "every ACK and raw commit is fsynced (SQLite FULL, PostgreSQL synchronous_commit "
              "on); SQLite's claims commit without a flush of their own, as the package does"]
+    if results["plan"].get("vacuum_every"):
+        lines.append(f"TRIAL, not the package's behaviour: the pruner ran VACUUM messages on "
+                     f"PostgreSQL after every {results['plan']['vacuum_every']:,} messages pruned")
     for store in STORES:
         if results.get(store):
             lines += ["", *_store_lines(store, results[store])]

@@ -164,14 +164,19 @@ def raw(db: str, seconds: float) -> dict[str, Any]:
     return {"commits": count, "seconds": elapsed}
 
 
-def prune(db: str, retention: int) -> dict[str, Any]:
+def prune(db: str, retention: int, vacuum_every: int = 0) -> dict[str, Any]:
     """``prune(retention)`` in a loop until stdin closes; a call that pruned
-    nothing waits 0.2 s. Answers what it pruned and its longest batch."""
+    nothing waits 0.2 s. Answers what it pruned and its longest batch.
+
+    ``vacuum_every`` (PostgreSQL, a trial, not what the package does): after
+    each call that brings the messages pruned since the last vacuum to at
+    least this many, ``VACUUM messages`` on a connection of its own."""
     from queue_core import Queue
 
     queue = Queue(db)
     halt = threading.Event()
-    totals = {"messages": 0, "calls": 0, "longest_s": 0.0}
+    totals = {"messages": 0, "calls": 0, "longest_s": 0.0, "vacuums": 0, "vacuum_s": 0.0}
+    since = 0
     _handshake()
     threading.Thread(target=lambda: (sys.stdin.read(), halt.set()), daemon=True).start()
     with queue.session():
@@ -180,10 +185,24 @@ def prune(db: str, retention: int) -> dict[str, Any]:
             totals["calls"] += 1
             totals["messages"] += done.messages
             totals["longest_s"] = max(totals["longest_s"], done.longest_batch_seconds)
+            since += done.messages
+            if vacuum_every and since >= vacuum_every:
+                totals["vacuum_s"] += _vacuum(db)
+                totals["vacuums"] += 1
+                since = 0
             if not done.messages:
                 halt.wait(0.2)
     totals["peak_rss_mb"] = peak_rss_mb()
     return totals
+
+
+def _vacuum(db: str) -> float:
+    import psycopg
+
+    started = time.perf_counter()
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("VACUUM messages")
+    return time.perf_counter() - started
 
 
 class Process:
@@ -237,7 +256,7 @@ def main(argv: list[str]) -> int:
     elif role == "raw":
         answer = raw(args[0], float(args[1]))
     elif role == "prune":
-        answer = prune(args[0], int(args[1]))
+        answer = prune(args[0], int(args[1]), int(args[2]) if args[2:] else 0)
     else:
         raise SystemExit(f"unknown role {role!r}")
     print(json.dumps(answer), flush=True)
