@@ -34,6 +34,7 @@ except with ``--strict``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -352,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     judged = verdicts(results)
     print("\n".join(report(results, judged)))
     print(f"picture: {picture(results, Path(args.png))}")
+    figures = Path(args.png).with_suffix(".json")
+    figures.write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
+    print(f"every figure and sample: {figures}")
     missed = [name for name, ok in judged.items() if ok is False]
     if args.ci:
         print("CI form: only the exactly-once checks and the audit decide the exit status; "
