@@ -132,7 +132,8 @@ class Run:
         self.samples: list[dict[str, Any]] = []
         self.phases: list[dict[str, Any]] = []
         vacuum = plan.vacuum_every if probe.is_pg(db) else 0
-        self.pruner = Process("prune", db, plan.retention_s, vacuum) if prune else None
+        self.pruner = (Process("prune", db, plan.retention_s, vacuum, keep_stderr=True)
+                       if prune else None)
         if self.pruner is not None:
             self.pruner.go()
         self.sample(0, settled=True)  # the empty queue's size
@@ -163,13 +164,36 @@ class Run:
                              **(probe.pg_vacuum_state(self.db) if probe.is_pg(self.db) else {})})
 
     def phase(self, workers: int, count: int) -> dict[str, Any]:
-        """Fill, then ``workers`` processes drain it; raw commits before and after."""
+        """Fill, then ``workers`` processes drain it; raw commits before and after.
+        Raises ``CheckFailed`` unless every event was done once, its money exact."""
         first = self.next_id
         fill_s = self.fill(count)
         self.next_id += count
         before = self.raw_rate(workers)
         self.sample(len(self.phases))
         cpu = probe.cpu_times()
+        answers = self._drain(workers)
+        busy = probe.cpu_busy(cpu)
+        after = self.raw_rate(workers)
+        self.wait_for_prune()
+        self.sample(len(self.phases), settled=True)
+        found = self._check_phase(answers, first, count)
+        # perf_counter is the system's monotonic clock: the workers' readings compare
+        span = max(a["ended"] for a in answers) - min(a["started"] for a in answers)
+        rate = count / span
+        result = {"workers": workers, "events": count, "fill_s": fill_s, "seconds": span,
+                  "rate": rate, "raw_before": before, "raw_after": after,
+                  "vs_raw": rate / ((before + after) / 2), "cpu_busy": busy,
+                  **_latency(answers), **_memory(answers), **found}
+        self.phases.append(result)
+        self.say(f"{self.store}: {workers} worker(s), {count:,} events in {span:.1f} s: "
+                 f"{rate:,.0f}/s, {result['vs_raw']:.2f} of raw commits; claim to ACK "
+                 f"p50 {result['p50_s'] * 1e3:.1f} ms, p99 {result['p99_s'] * 1e3:.1f} ms")
+        return result
+
+    def _drain(self, workers: int) -> list[dict[str, Any]]:
+        """Start ``workers`` processes, sample every ``sample_s`` until each has
+        answered; their answers."""
         procs = start_all("work", workers, self.db)
         answers: list[dict[str, Any]] = [{} for _ in procs]
         readers = [threading.Thread(target=lambda i=i: answers.__setitem__(i, procs[i].result()))
@@ -181,32 +205,7 @@ class Run:
                 reader.join(timeout=self.plan.sample_s / len(readers))
             if any(reader.is_alive() for reader in readers):
                 self.sample(len(self.phases))
-        busy = probe.cpu_busy(cpu)
-        after = self.raw_rate(workers)
-        self.wait_for_prune()
-        self.sample(len(self.phases), settled=True)
-        found = self._check_phase(answers, first, count)
-        span = max(a["ended"] for a in answers) - min(a["started"] for a in answers)
-        histogram: dict[int, int] = {}
-        for answer in answers:
-            for key, n in answer["histogram"].items():
-                histogram[int(key)] = histogram.get(int(key), 0) + n
-        rate = count / span
-        result = {"workers": workers, "events": count, "fill_s": fill_s, "seconds": span,
-                  "rate": rate, "raw_before": before, "raw_after": after,
-                  "vs_raw": rate / ((before + after) / 2), "cpu_busy": busy,
-                  "p50_s": quantile(histogram, 0.5), "p99_s": quantile(histogram, 0.99),
-                  "peak_rss_mb": max(a["peak_rss_mb"] for a in answers),
-                  "rss_before_mb": max(a["rss_before_mb"] for a in answers),
-                  "rss_holding_mb": max(a["rss_holding_mb"] for a in answers),
-                  "rss_after_mb": max(a["rss_after_mb"] for a in answers),
-                  "most_held": max(a["outcomes_held"] for a in answers),
-                  "ru_maxrss_mb": max(a["ru_maxrss_mb"] for a in answers), **found}
-        self.phases.append(result)
-        self.say(f"{self.store}: {workers} worker(s), {count:,} events in {span:.1f} s: "
-                 f"{rate:,.0f}/s, {result['vs_raw']:.2f} of raw commits; claim to ACK "
-                 f"p50 {result['p50_s'] * 1e3:.1f} ms, p99 {result['p99_s'] * 1e3:.1f} ms")
-        return result
+        return answers
 
     def _check_phase(self, answers: list[dict[str, Any]], first: int,
                      count: int) -> dict[str, Any]:
@@ -232,17 +231,24 @@ class Run:
         message that owns the journal's last row waits for a later prune (a
         journal number is never reused: ``retention``), so one stays whole."""
         deadline = time.perf_counter() + self.plan.retention_s + 30
-        while self.pruner is not None and time.perf_counter() < deadline:
+        while self.pruner is not None and not self.pruner.ended() \
+                and time.perf_counter() < deadline:
             if self.queue.status().pruned >= self.next_id - 1:
                 return
             time.sleep(0.25)
 
     def stop_pruner(self) -> dict[str, Any]:
-        """Stop the pruner; what it did."""
-        if self.pruner is None:
+        """Stop the pruner; what it did, or ``{"died": its last words}`` if it
+        ended before it was told to (the queue is then still audited whole)."""
+        pruner, self.pruner = self.pruner, None
+        if pruner is None:
             return {}
-        totals, self.pruner = self.pruner.result(close_stdin=True), None
-        return totals
+        if not pruner.ended():
+            try:
+                return pruner.result(close_stdin=True)
+            except RuntimeError:  # it ended meanwhile, without an answer
+                pass
+        return {"died": pruner.last_words(), "messages": self.queue.status().pruned}
 
     def audit(self) -> dict[str, Any]:
         """The audit over the whole queue; raises ``CheckFailed`` unless it is clean,
@@ -264,6 +270,22 @@ class Run:
     def close(self) -> None:
         if self.pruner is not None:
             self.pruner.kill()
+
+
+def _latency(answers: list[dict[str, Any]]) -> dict[str, float]:
+    """Claim to ACK over every worker of a phase: their histograms added."""
+    histogram: dict[int, int] = {}
+    for answer in answers:
+        for key, n in answer["histogram"].items():
+            histogram[int(key)] = histogram.get(int(key), 0) + n
+    return {"p50_s": quantile(histogram, 0.5), "p99_s": quantile(histogram, 0.99)}
+
+
+def _memory(answers: list[dict[str, Any]]) -> dict[str, float]:
+    """The largest of each memory figure among a phase's workers (``scale_worker``)."""
+    keys = ("peak_rss_mb", "rss_before_mb", "rss_holding_mb", "rss_after_mb", "ru_maxrss_mb")
+    found = {key: max(a[key] for a in answers) for key in keys}
+    return {**found, "most_held": max(a["outcomes_held"] for a in answers)}
 
 
 def run_store(store: str, db: str, control_db: str, raw_db: str, plan: Plan,

@@ -76,6 +76,8 @@ def verdicts(results: dict[str, Any]) -> dict[str, bool | None]:
         for read in ("due", "expired"):
             judged[f"{name} claim's {read} read flat (end <= {FLAT[0]:g}x start + {FLAT[1]})"] = (
                 None if ends is None else _flat(ends[0][f"claim_{read}"], ends[1][f"claim_{read}"]))
+        judged[f"{name} prune beside the workers ran to the end"] = \
+            "died" not in found.get("prune", {})
         judged[f"{name} audit exact"] = True  # a failed audit raised before any report
     if results["plan"]["pg_events"] >= 1_000_000:
         judged[f"full run <= {FULL_RUN_S // 60} min"] = results["seconds"] <= FULL_RUN_S
@@ -162,7 +164,9 @@ def _store_lines(store: str, found: dict[str, Any]) -> list[str]:
                  f"{a['pruned']:,} pruned, findings: {a['findings'] or 'none'} "
                  f"({a['seconds']:.1f} s)")
     prune = found.get("prune", {})
-    if prune:
+    if "died" in prune:
+        lines.append(f"  PRUNER DIED after {prune['messages']:,} pruned: {prune['died']}")
+    elif prune:
         lines.append(f"  pruner: {prune['messages']:,} pruned in {prune['calls']:,} calls, "
                      f"longest batch {prune['longest_s'] * 1e3:.1f} ms"
                      + (f"; {prune['vacuums']} VACUUM messages, {prune['vacuum_s']:.1f} s in all"

@@ -208,11 +208,24 @@ def _vacuum(db: str) -> float:
 class Process:
     """One process of this file in ``role``, started now, told ``go`` later."""
 
-    def __init__(self, role: str, *args: Any) -> None:
+    def __init__(self, role: str, *args: Any, keep_stderr: bool = False) -> None:
+        """``keep_stderr``: keep what the process says on stderr, to tell why it
+        ended (a process that says much must not be given a pipe nobody reads)."""
         self.proc = subprocess.Popen([sys.executable, __file__, role, *map(str, args)],
                                      text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE if keep_stderr else None,
                                      env={**os.environ, "PYTHONHASHSEED": "0"})
         self._answer("ready")
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
+    def last_words(self) -> str:
+        """The last line an ended process wrote on stderr (``keep_stderr``)."""
+        if self.proc.stderr is None:
+            return ""
+        lines = self.proc.stderr.read().strip().splitlines()
+        return lines[-1] if lines else ""
 
     def _answer(self, what: str) -> dict[str, Any]:
         assert self.proc.stdout is not None

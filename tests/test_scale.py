@@ -78,3 +78,17 @@ def test_an_effect_edited_behind_the_queue_fails_the_audit_and_the_target(
 def test_phases_share_the_events_in_proportion_to_their_workers() -> None:
     assert scale.shares(1_000_000, (1, 2, 4, 8)) == [66_666, 133_333, 266_666, 533_335]
     assert sum(scale.shares(200_000, (1, 2, 4))) == 200_000
+
+
+def test_a_pruner_that_dies_is_reported_and_the_queue_is_still_audited_whole(
+        tmp_path: Path) -> None:
+    db, raw = str(tmp_path / "main.sqlite3"), str(tmp_path / "raw.sqlite3")
+    scale.probe.prepare_raw(raw)
+    run = scale.Run("sqlite", db, raw, TINY, _quiet)
+    assert run.pruner is not None
+    run.pruner.kill()
+    run.phase(1, 30)
+    assert "died" in run.stop_pruner()
+    audit = run.audit()
+    assert (audit["states"]["done"], audit["effects"], audit["money"]) == (
+        30, 30, scale.money_of(0, 30))
