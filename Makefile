@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: setup course test unit unit-pg16 nbval notebooks labcheck bench reliability explore clean help
+.PHONY: setup course test unit unit-pg16 nbval notebooks labcheck bench scale reliability explore clean help
 help:
 	@echo "make course       set up and open the course in JupyterLab"
 	@echo "make test         set up and run every test (unit tests, then nbval on the notebooks)"
@@ -21,6 +21,7 @@ help:
 	@echo "make notebooks    re-execute every notebook in place (maintainers)"
 	@echo "make labcheck     Run All and every link, in JupyterLab in headless Chromium (maintainers)"
 	@echo "make bench        throughput against raw commits and peer queues, two disk regimes"
+	@echo "make scale        1,000,000 events on PostgreSQL, 200,000 on SQLite, 1-8 worker processes, prune beside (SCALE=small: a tenth)"
 	@echo "make reliability  crash and power-loss sweeps (migrate and prune too), fuzzing, stress (SOAK=1: long)"
 	@echo "make explore      every schedule of a small scenario, per protocol (about 30 s; PRUNE=1: with a prune)"
 
@@ -105,6 +106,12 @@ bench: $(STAMP)
 		|| echo "the slow-disk shim did not build: that regime will be skipped"; \
 	else echo "no C compiler ($(CC)): the slow-disk regime will be skipped"; fi
 	$(PY) benchmarks/bench.py
+
+# The queue at scale (benchmarks/scale.py): a benchmark, never a test. Its figures
+# and verdicts are printed, the picture saved in build/scale.png; a failed
+# exactly-once check or audit exits 1, a missed target 0. SCALE=small: a tenth.
+scale: $(STAMP)
+	$(PY) benchmarks/scale.py --scale $(or $(SCALE),full) $(SCALE_ARGS)
 
 reliability: $(STAMP)
 	$(PY) benchmarks/reliability.py
