@@ -324,13 +324,18 @@ def written_in_its_transaction(queue: Queue, rows: dict[str, list[tuple[object, 
     """``queue``'s tables given, inside ``queue.transaction()`` itself, exactly the rows of
     a solved queue: SQL of one's own in the engine's exact shape, through the public API."""
     with queue.transaction() as conn:
-        conn.execute("PRAGMA defer_foreign_keys = ON")
-        for table in rows:
-            conn.execute(f'DELETE FROM "{table}"')
-        for table, found in rows.items():
-            if found:
-                marks = ", ".join("?" * len(found[0]))
-                conn.executemany(f'INSERT INTO "{table}" VALUES ({marks})', found)
+        rows_written(conn, rows)
+
+
+def rows_written(conn: sqlite3.Connection, rows: dict[str, list[tuple[object, ...]]]) -> None:
+    """Each of the tables in ``rows`` given exactly those rows, in the caller's transaction."""
+    conn.execute("PRAGMA defer_foreign_keys = ON")
+    for table in rows:
+        conn.execute(f'DELETE FROM "{table}"')
+    for table, found in rows.items():
+        if found:
+            marks = ", ".join("?" * len(found[0]))
+            conn.executemany(f'INSERT INTO "{table}" VALUES ({marks})', found)
 
 
 def in_two(tmp: Path) -> tuple[Path, Path]:
@@ -339,7 +344,12 @@ def in_two(tmp: Path) -> tuple[Path, Path]:
     return tmp / "mine", tmp / "model"
 
 
-def forged_1(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+def by_sql(queue: Queue, solved: Queue) -> None:
+    written_in_its_transaction(queue, model_rows(solved.path))
+
+
+def forged_1(tmp: Path, write: Callable[[Queue, Queue], None] = by_sql
+             ) -> tuple[Queue, tuple[object, ...]]:
     from test_exercises import EDIT_E0001, NEW_E0005, refused
     mine, model = in_two(tmp)
     solved = exercises.start_1(model)
@@ -348,18 +358,20 @@ def forged_1(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
     drain(solved, Handler())
     q1 = exercises.start_1(mine)
     edit_refusal = refused(lambda: q1.enqueue_jsonl(EDIT_E0001))  # the refusal is q1's own
-    written_in_its_transaction(q1, model_rows(solved.path))
+    write(q1, solved)
     return q1, (edit_refusal,)
 
 
-def forged_3(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+def forged_3(tmp: Path, write: Callable[[Queue, Queue], None] = by_sql
+             ) -> tuple[Queue, tuple[object, ...]]:
     mine, model = in_two(tmp)
     q3 = exercises.start_3(mine)
-    written_in_its_transaction(q3, model_rows(solve_3(exercises.start_3(model)).path))
+    write(q3, solve_3(exercises.start_3(model)))
     return q3, ()
 
 
-def forged_4(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+def forged_4(tmp: Path, write: Callable[[Queue, Queue], None] = by_sql
+             ) -> tuple[Queue, tuple[object, ...]]:
     from test_exercises import refused, stall_then_dead
     mine, model = in_two(tmp)
     solved = exercises.start_4(model)
@@ -370,7 +382,7 @@ def forged_4(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
     q4.redrive("E0004")
     assert q4.claim() is not None
     after = (w1, refused(lambda: q4.complete(w1, Handler().supporting("toy"))))
-    written_in_its_transaction(q4, model_rows(solved.path))  # ... and W3's ACK written by hand
+    write(q4, solved)  # ... and W3's ACK written by hand
     return q4, (before, after)
 
 
@@ -454,64 +466,25 @@ class WritingClock(ModelClock):
         conn = self.queue.connection
         if self.rows and conn is not None and conn.in_transaction:
             rows, self.rows = self.rows, {}
-            conn.execute("PRAGMA defer_foreign_keys = ON")
-            for table in rows:
-                conn.execute(f'DELETE FROM "{table}"')
-            for table, found in rows.items():
-                if found:
-                    marks = ", ".join("?" * len(found[0]))
-                    conn.executemany(f'INSERT INTO "{table}" VALUES ({marks})', found)
+            rows_written(conn, rows)
         return super().now()
 
 
-def written_by_its_clock(queue: Queue, solved: Queue) -> None:
-    """The rows of ``solved`` written into ``queue`` by its clock, inside a real claim."""
+def by_clock(queue: Queue, solved: Queue) -> None:
+    """The rows of ``solved`` written into ``queue`` by its clock, inside a real claim
+    (past every lease: a claim reads the clock inside its transaction)."""
+    queue.clock.advance(1000)
     queue.clock = WritingClock(queue, model_rows(solved.path))
     with queue.session():
         queue.claim()
 
 
-def clocked_1(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
-    from test_exercises import EDIT_E0001, NEW_E0005, refused
-    mine, model = in_two(tmp)
-    solved = exercises.start_1(model)
-    refused(lambda: solved.enqueue_jsonl(EDIT_E0001))
-    solved.enqueue_jsonl(NEW_E0005)
-    drain(solved, Handler())
-    q1 = exercises.start_1(mine)
-    edit_refusal = refused(lambda: q1.enqueue_jsonl(EDIT_E0001))
-    written_by_its_clock(q1, solved)
-    return q1, (edit_refusal,)
-
-
-def clocked_3(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
-    mine, model = in_two(tmp)
-    q3 = exercises.start_3(mine)
-    written_by_its_clock(q3, solve_3(exercises.start_3(model)))
-    return q3, ()
-
-
-def clocked_4(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
-    from test_exercises import refused, stall_then_dead, stalled_worker_story
-    mine, model = in_two(tmp)
-    solved = exercises.start_4(model)
-    stalled_worker_story(solved)
-    q4 = exercises.start_4(mine)
-    w1, before = stall_then_dead(q4, Handler())
-    q4.redrive("E0004")
-    assert q4.claim() is not None
-    after = (w1, refused(lambda: q4.complete(w1, Handler().supporting("toy"))))
-    q4.clock.advance(1000)  # past W3's lease: the next claim reads the clock in its transaction
-    written_by_its_clock(q4, solved)  # ... and W3's ACK written by the clock
-    return q4, (before, after)
-
-
-@pytest.mark.parametrize("number, forge", [(1, clocked_1), (3, clocked_3), (4, clocked_4)],
+@pytest.mark.parametrize("number, forge", [(1, forged_1), (3, forged_3), (4, forged_4)],
                          ids=["exercise-1", "exercise-3", "exercise-4"])
 def test_rows_written_by_code_a_call_runs_back_are_refused_as_sql_inside_that_call(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], number: int,
         forge: Callable[[Path], tuple[Queue, tuple[object, ...]]]) -> None:
-    queue, arguments = forge(tmp_path)
+    queue, arguments = forge(tmp_path, by_clock)
     capsys.readouterr()
     assert check(snapshot(queue.path)) == []  # the audit alone cannot tell
 
@@ -611,9 +584,10 @@ def test_the_recorder_driven_by_hand_signs_anything_as_exercises_md_says(
     assert exercises.check_3(q3).status == NOT_QUITE
 
     q3 = exercises.start_3(mine)
-    posing = {"written_in_its_transaction": written_in_its_transaction}
+    posing: dict[str, object] = {"sqlite3": sqlite3}
     package_file = str(Path(exercises.__file__).resolve().parent / "posing.py")
-    exec(compile(inspect.getsource(written_in_its_transaction), package_file, "exec"), posing)
+    for function in (rows_written, written_in_its_transaction):
+        exec(compile(inspect.getsource(function), package_file, "exec"), posing)
     with q3._calling("complete"):  # type: ignore[attr-defined]
         posing["written_in_its_transaction"](q3, rows)
     capsys.readouterr()
