@@ -143,12 +143,13 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
     before its clock's now (see the module). Refuses a queue of an earlier
     schema version (``schema_too_old``), like every write.
 
-    What takes time is read without the write lock: the candidates and their
-    journal rows, a pass of up to ``READ_AHEAD`` batches at a time, in one
-    read transaction (a done message's rows never change, and only a prune
-    removes them). Each batch's write transaction then reads the batch's
-    messages again by key, judges their journal and writes: a few
-    milliseconds under the lock.
+    What takes time is read without the write lock: the candidates, a pass of
+    up to ``READ_AHEAD`` batches at a time, in one read transaction, then their
+    journal rows, a page of ``_JOURNAL_PAGE`` rows per read transaction (a
+    done message's rows never change, and only a prune removes them, so the
+    pages need not share one moment). Each batch's write transaction then
+    reads the batch's messages again by key, judges their journal and writes:
+    a few milliseconds under the lock.
     """
     if isinstance(older_than, bool) or not isinstance(older_than, int) or older_than < 0:
         raise ValueError(f"older_than must be a whole number of seconds, 0 or more, "
@@ -169,8 +170,9 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
         size_before = _file_bytes(queue)
         while True:
             ahead = batch_size * READ_AHEAD
-            ids, steps, waiting = queue._read(
+            ids, waiting = queue._read(
                 lambda conn: _read_ahead(conn, cutoff, ahead, kept + skipped))
+            steps = _journal_of(queue, set(ids)) if ids else {}
             for start in range(0, len(ids), batch_size):
                 started = time.perf_counter()
                 with polling(LOCK_POLL_SECONDS), queue.transaction() as conn:
@@ -194,16 +196,16 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
 
 
 def _read_ahead(conn: Any, cutoff: int, limit: int, skip: list[str]
-                ) -> tuple[list[str], dict[str, list[Transition]], str | None]:
+                ) -> tuple[list[str], str | None]:
     """Up to ``limit`` done messages old enough to prune, oldest first, but not
-    those in ``skip`` nor the owner of the journal's last row, with their journal
-    rows: one read, outside the write lock. Also that owner, if it was one."""
+    those in ``skip`` nor the owner of the journal's last row: one read, outside
+    the write lock. Also that owner, if it was one."""
     last = conn.execute("SELECT event_id FROM transitions "
                         "ORDER BY seq DESC LIMIT 1").fetchone()
     found = [row[0] for row in conn.execute(_CANDIDATES, (cutoff, cutoff, limit + len(skip) + 1))]
     waiting = last[0] if last is not None and last[0] in found else None
     ids = [event_id for event_id in found if event_id not in skip and event_id != waiting][:limit]
-    return ids, _journal_of(conn, set(ids)) if ids else {}, waiting
+    return ids, waiting
 
 
 def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
@@ -255,14 +257,23 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
     return len(compacted), refused, len(seqs), held
 
 
-def _journal_of(conn: Any, ids: set[str]) -> dict[str, list[Transition]]:
+def _journal_of(queue: Queue, ids: set[str]) -> dict[str, list[Transition]]:
     """The journal rows of ``ids``, from one walk of the journal from its oldest row,
     which stops once each has its ``done`` row (its last: done is final). The
-    oldest done messages are pruned first, so their rows are near the head."""
+    oldest done messages are pruned first, so their rows are near the head; but
+    the rows of every message still queued lie among them, so behind a backlog
+    of hundreds of thousands of events the walk is long. Each page is therefore
+    read in a read transaction of its own, none longer than one page's read:
+    one long read held a PostgreSQL session past its ``transaction_timeout``
+    (and a SQLite reader keeps a checkpoint from resetting the -wal). What the
+    pages read is the same as one read would give: every row of a candidate
+    committed before the candidate was seen done, and a row is removed only
+    by a prune, which then removes the candidate too (its write transaction
+    finds the payload gone and leaves it)."""
     steps: dict[str, list[Transition]] = {}
     waiting, after = set(ids), 0
     while waiting:
-        page = audit.read_journal_after(conn, after, _JOURNAL_PAGE)
+        page = queue._read(lambda conn: audit.read_journal_after(conn, after, _JOURNAL_PAGE))
         if not page:
             break  # a history without its done row: the audit's findings keep it whole
         for step in page:

@@ -96,6 +96,51 @@ def test_a_replay_of_a_pruned_event_gets_the_answers_it_got_before_pruning(store
     assert audit.snapshot(queue.path).money == 17001
 
 
+class ReadsNoted(Queue):
+    """A queue that keeps what each of its read transactions returned (``_read``)."""
+
+    def __init__(self, *args: object, **options: object) -> None:
+        self.results: list[object] = []
+        super().__init__(*args, **options)  # type: ignore[arg-type]
+
+    def _read(self, body):  # type: ignore[no-untyped-def]
+        result = super()._read(body)
+        self.results.append(result)
+        return result
+
+
+def test_prune_behind_a_backlog_reads_the_journal_a_page_per_read_transaction(
+        store: str) -> None:
+    from queue_core.retention import _JOURNAL_PAGE
+    from queue_core.values import Transition
+
+    clock = ModelClock(1000)
+    queue = ReadsNoted(store, clock=clock)
+    line = '{{"event_id": "E{:04d}", "payload": {{"category": "book", "amount_cents": {}}}}}'
+    queue.enqueue_jsonl("\n".join(line.format(n, 100 * n) for n in range(1, 11)))
+    backlog = 2 * _JOURNAL_PAGE + 200  # queued behind them, never claimed
+    for first in range(11, 11 + backlog, 600):  # a batch holds at most 1,000 lines
+        queue.enqueue_jsonl("\n".join(line.format(n, 1) for n in range(first, min(
+            first + 600, 11 + backlog))))
+    assert [o.kind for o in drain(queue, Handler(), max_messages=10)] == ["done"] * 10
+    clock.advance(60)
+    queue.results.clear()
+
+    pruned = queue.prune(0)
+
+    # E0010 owns the journal's newest row and waits; the walk to its done row passed
+    # every enqueued row of the backlog, a page per read transaction
+    pages = [r for r in queue.results
+             if isinstance(r, list) and r and isinstance(r[0], Transition)]
+    assert (pruned.messages, pruned.waiting) == (9, "E0010")
+    assert len(pages) == 3 and all(len(page) <= _JOURNAL_PAGE for page in pages)
+    assert sum(len(page) for page in pages) == 10 + backlog + 20  # enqueued, claimed, done
+    snap = audit.snapshot(store)
+    assert audit.check(snap) == []
+    assert (snap.money, len(snap.effect_rows)) == (5500, 10)
+    assert snap.status.states == {"ready": backlog, "leased": 0, "done": 10, "dead": 0}
+
+
 def test_the_message_that_owns_the_journals_last_row_waits_so_no_sequence_number_returns(
         db_path: Path) -> None:
     queue, clock, _ = storied(str(db_path))
