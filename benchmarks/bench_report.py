@@ -262,9 +262,10 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
                                                                         "postgres"), 1.6, True),
     ("PostgreSQL 2 worker processes vs 1", "consumer side, single message",
      lambda r: _ratio(r, "pg_single_2", "pg_single_1"), 1.8, True),
-    # One writer at a time: the commit is the limit, and a waiting writer starts as
-    # soon as the lock is free (``sqlite.connection.transaction``), so more workers
-    # neither add nor lose much. 4 processes on 2 cores is the case to watch.
+    # One writer at a time: the commit is the limit, and a waiting writer polls for
+    # the lock instead of sleeping in SQLite's busy handler, letting a busy holder go
+    # on (``sqlite.connection.begin_immediate``), so more workers neither add nor
+    # lose much. 4 processes on 2 cores is the case to watch.
     ("SQLite 2 worker processes vs 1", "consumer side, single message, one writer at a time",
      lambda r: _ratio(r, "two_workers", "single"), 0.95, True),
     ("SQLite 4 worker processes vs 1", "consumer side, single message, one writer at a time",

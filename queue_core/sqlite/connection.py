@@ -161,7 +161,8 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
 
     ``IMMEDIATE`` takes the write lock before the first read, so choosing a
     row and changing it cannot interleave with another writer; a writer that
-    finds it taken starts as soon as it is free (``begin_immediate``).
+    finds it taken polls for it instead of sleeping in SQLite's busy handler
+    (``begin_immediate`` says how often, and when it lets a busy holder go on).
 
     ``relaxed=True`` commits this one transaction at ``synchronous=NORMAL``
     (in WAL mode: its frames are written, not fsynced) and sets the
