@@ -115,6 +115,31 @@ def test_exercise_7_the_answer_key_itself_or_called_is_not_quite(tmp_path: Path,
         assert "the answer key" in one_verdict(capsys, verdict)
 
 
+class CallsTheKey:  # a callable object: no code of its own to read
+    def __call__(self, queue: Queue, line: str) -> Any:
+        return answer_key(queue, line)
+
+
+def test_exercise_7_the_answer_key_reached_without_its_name_in_the_step_is_refused(
+        tmp_path: Path, capsys) -> None:
+    def by_default(queue: Queue, line: str, key: Any = answer_key) -> Any:
+        return key(queue, line)
+
+    steps = {"inbox": answer_key}
+
+    def through_a_dict(queue: Queue, line: str) -> Any:
+        return steps["inbox"](queue, line)
+
+    for number, step in enumerate((by_default, through_a_dict, CallsTheKey())):
+        (tmp_path / str(number)).mkdir()
+        queue, run = takeover(tmp_path / str(number), step)
+        assert figures(queue.path) == (17000, 3, {"done": 3}, 0)  # right figures, wrong route
+        capsys.readouterr()
+        verdict = exercises.check_7(queue, run)
+        assert verdict.status == NOT_QUITE
+        assert "the answer key" in one_verdict(capsys, verdict)
+
+
 def copied_answer_key(keep_docstring: bool) -> Any:
     """The course's inbox step, copied with ``inspect.getsource`` and run again with
     ``exec`` in a namespace of the learner's (its docstring kept, or cut out)."""

@@ -501,6 +501,65 @@ def test_rows_written_by_code_a_call_runs_back_are_refused_as_sql_inside_that_ca
         f"{mine}'s calls")
 
 
+def test_a_trigger_of_ones_own_that_makes_the_engines_statements_write_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q3 = exercises.start_3(tmp_path)
+    conn = sqlite3.connect(q3.path)
+    conn.executescript("""
+        CREATE TRIGGER forge AFTER INSERT ON transitions
+        WHEN NEW.event_id = 'E0004' AND NEW.reason = 'redrive' BEGIN
+          UPDATE messages SET state = 'leased', attempts = 1, generation = generation + 1,
+                 lease_until = NEW.at + 30 WHERE event_id = 'E0004';
+          INSERT INTO transitions (at, event_id, from_state, to_state, generation, attempts,
+                 reason) SELECT NEW.at, 'E0004', 'ready', 'leased', generation, 1, 'claimed'
+                 FROM messages WHERE event_id = 'E0004';
+          UPDATE messages SET state = 'done', lease_until = NULL, finished_at = NEW.at
+                 WHERE event_id = 'E0004';
+          INSERT INTO transitions (at, event_id, from_state, to_state, generation, attempts,
+                 reason) SELECT NEW.at, 'E0004', 'leased', 'done', generation, 1, 'completed'
+                 FROM messages WHERE event_id = 'E0004';
+          INSERT INTO effects VALUES ('E0004', 'toy', 3000);
+        END;""")
+    conn.close()
+    q3.redrive("E0004")  # the engine's own statement fires the trigger
+    conn = sqlite3.connect(q3.path)
+    conn.execute("DROP TRIGGER forge")
+    conn.commit()
+    conn.close()
+    capsys.readouterr()
+    assert figures(q3.path) == (20000, 4, {"done": 4})  # the figures of the right answer
+    assert check(snapshot(q3.path)) == []
+
+    verdict = exercises.check_3(q3)
+
+    assert verdict.status == NOT_QUITE
+    assert verdict_of(capsys, verdict).startswith(
+        "Not quite: a hand edit: q3's file was changed around the package's calls"), verdict.text
+
+
+def test_sql_of_ones_own_behind_a_leading_comment_is_still_sql_of_ones_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q3 = solve_3(exercises.start_3(tmp_path))  # the honest route, then one more claim
+
+    class Commented(ModelClock):  # a comment first, as a trigger's own lines begin
+        def now(self) -> int:
+            conn = q3.connection
+            if conn is not None and conn.in_transaction:
+                conn.execute("-- a note\n/* and another */ UPDATE messages SET attempts = attempts")
+            return super().now()
+
+    q3.clock = Commented(q3.clock.now())
+    with q3.session():
+        assert q3.claim() is None
+    capsys.readouterr()
+    assert figures(q3.path) == (20000, 4, {"done": 4}) and check(snapshot(q3.path)) == []
+
+    verdict = exercises.check_3(q3)
+
+    assert verdict.status == NOT_QUITE
+    assert "SQL of your own ran inside `q3.claim_batch()`" in verdict_of(capsys, verdict)
+
+
 def test_an_effect_of_that_rewrites_the_stored_payload_inside_the_ack_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from test_exercises import EDIT_E0001, refused

@@ -14,6 +14,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import DATA
+from conftest import DATA, ROOT as ROOT_DIR
 from queue_core import (BatchConflict, BatchRejected, Handler, Lease, LeaseLost, Queue, drain,
                         finish)
 from queue_core.audit import snapshot
@@ -542,8 +543,32 @@ def written_by_a_child_process(db_path: str) -> dict[str, int]:
     return sql_metric("SELECT event_id, attempts FROM messages WHERE state = 'dead'")(db_path)
 
 
+def from_a_thread(db_path: str) -> dict[str, int]:
+    """The answer key, called from a thread of the function's own."""
+    found: dict[str, int] = {}
+    thread = threading.Thread(target=lambda: found.update(Queue(db_path).metrics().dead_attempts))
+    thread.start()
+    thread.join()
+    return found
+
+
+def from_a_script_of_ones_own(db_path: str) -> dict[str, int]:
+    """The answer key, in a child process whose command line does not name the package."""
+    script = Path(db_path).with_name("count.py")
+    script.write_text("import json, sys\nfrom queue_core import Queue\n"
+                      "print(json.dumps(dict(Queue(sys.argv[1]).metrics().dead_attempts)))\n")
+    done = subprocess.run([sys.executable, str(script), db_path], check=True,
+                          capture_output=True, text=True, cwd=ROOT_DIR)
+    return dict(json.loads(done.stdout))
+
+
 NO_OP = "UPDATE messages SET attempts = attempts"
 ROUTES += [
+    Route(5, "the-answer-key-from-a-thread", metric(from_a_thread),
+        ("your function reached queue_core from another thread",), "write your own SELECT"),
+    Route(5, "the-answer-key-from-a-script-of-ones-own", metric(from_a_script_of_ones_own),
+        ("your function runs a child process (`python <path> <path>`), whose work this "
+         "check cannot see",), "write your own SELECT"),
     Route(5, "the-answer-key-through-the-command-line", metric(through_the_command_line),
         ("your function runs queue_core in a child process (`python",
          "-m queue_core --db <path> metrics --json`): its metrics command is the answer key"),

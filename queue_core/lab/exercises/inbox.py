@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dis
 import os
+import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -130,7 +132,9 @@ def _takeover(url: str, queue: Queue, step: Callable[[Queue, str], Any]) -> Take
     broker = open_broker(url)
     a, b = (Consumer(broker, name, _own_queue(queue), step) for name in ("A", "B"))
     failures: list[str] = []
+    ran = _KeyWatch()
     try:
+        ran.start()
         broker.publish(ORDERS)
         held_by_a = a.take()                   # E0001, delivery 1: A stalls holding it
         assert held_by_a is not None
@@ -150,15 +154,52 @@ def _takeover(url: str, queue: Queue, step: Callable[[Queue, str], Any]) -> Take
             _finish(broker, b, entry, failures)
         steps = tuple(broker.log())
     finally:
+        ran.stop()
         a.close()
         b.close()
         broker.drop()
     world = snapshot(queue.path)
     witness = getattr(queue, "witness", None)
     return TakeoverRun(os.path.abspath(queue.path), getattr(step, "__name__", type(step).__name__),
-                       _is_answer_key(step), steps, tuple(failures), world,
-                       _summary(queue, world), witness.nonce if witness is not None else None,
-                       _copied(step))
+                       _is_answer_key(step) or ran.found is not None, steps, tuple(failures),
+                       world, _summary(queue, world),
+                       witness.nonce if witness is not None else None,
+                       _copied(step) or (ran.found == "copy" and not _is_answer_key(step)))
+
+
+class _KeyWatch:
+    """Whether the answer key, or a copy of it, ran while the consumers ran the step,
+    however the step reached it (by name, a default argument, a dict, a closure, a
+    callable object): a profile function, in this thread and in threads started
+    meanwhile, notes each function entered whose code is the key's (``found``:
+    ``key`` or ``copy``). Each code object is judged once."""
+
+    def __init__(self) -> None:
+        self.found: str | None = None
+        self._judged: dict[int, str | None] = {id(ANSWER_KEY.__code__): "key"}
+        self._previous: Any = None
+
+    def start(self) -> None:
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        threading.setprofile(self._profile)
+
+    def stop(self) -> None:
+        sys.setprofile(self._previous)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "call" or self.found == "key":
+            return
+        code = frame.f_code
+        seen = self._judged.get(id(code), False)
+        if seen is False:
+            key = ANSWER_KEY.__code__
+            seen = ("copy" if len(code.co_code) == len(key.co_code)
+                    and _instructions(code) == _instructions(key) else None)
+            self._judged[id(code)] = seen
+        if seen is not None:
+            self.found = seen
 
 
 def _own_queue(queue: Queue) -> Queue:

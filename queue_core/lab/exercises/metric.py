@@ -12,9 +12,9 @@ a commit by any connection: ``PRAGMA data_version``; a pragma that changes
 the file, such as ``PRAGMA journal_mode=DELETE``, named as such, not by the
 ``database is locked`` that SQLite answers it with); and one that reaches
 the answer key another way than SQL of its own: a call into ``queue_core``
-at all (``Queue.metrics()`` and ``audit.read_metrics`` are the very key the
-answer is compared with), or ``queue_core`` run in a child process (the
-CLI's ``metrics``). ``watch`` says how the function is watched
+at all, from any thread (``Queue.metrics()`` and ``audit.read_metrics`` are
+the very key the answer is compared with), or a child process of any kind
+(the CLI's ``metrics``, or a script that calls the package). ``watch`` says how the function is watched
 while it runs; nothing is replaced.
 """
 
@@ -96,6 +96,8 @@ def _trial(fn: Callable[[str], Any], queue: Queue, case: str) -> list[Problem]:
         problems.append((f"{where} your function changed the database it measures (a "
                          "metric only reads)", _ONLY_READ))
     if not problems:
+        problems += _unseen_child(seen)
+    if not problems:
         problems += _result_problems(where, seen.result, expected, before)
     return problems
 
@@ -132,14 +134,30 @@ def _answer_key(seen: Watched) -> list[Problem]:
         said = (f": {_call_name(key[0])} is the answer key your result is compared with" if key
                 else " instead of reading with SQL of its own")
         problems.append((f"your function calls into queue_core ({calls}){said}", _OWN_SQL))
+    if seen.package_opened and not seen.entered:  # from a thread of its own
+        problems.append(("your function reached queue_core from another thread (the package "
+                         "opened the database itself while your function ran) instead of "
+                         "reading with SQL of its own", _OWN_SQL))
     for run, shown in seen.children:
         if "queue_core" in run or "queue-core" in run:
             said = (": its metrics command is the answer key your result is compared with"
                     if "metrics" in run else " instead of reading with SQL of its own")
             problems.append((f"your function runs queue_core in a child process (`{shown}`)"
                              f"{said}", _OWN_SQL))
-            break
+        break
     return problems
+
+
+def _unseen_child(seen: Watched) -> list[Problem]:
+    """A child process that does not run queue_core by its command line: what it runs
+    cannot be watched (a script that calls the package, say), so it is refused
+    too; named after what the check did see of it, if anything."""
+    for run, shown in seen.children:
+        if "queue_core" not in run and "queue-core" not in run:
+            return [(f"your function runs a child process (`{shown}`), whose work this "
+                     "check cannot see (it could run queue_core's metrics, the answer key) "
+                     "instead of reading with SQL of its own", _OWN_SQL)]
+    return []
 
 
 def _call_name(qualname: str) -> str:

@@ -135,30 +135,32 @@ def _mac(key: bytes, entry: dict[str, Any]) -> str:
 
 
 def content_digest(conn: sqlite3.Connection) -> str:
-    """SHA-256 of every row of every table of the file, in a fixed order."""
+    """SHA-256 of the whole file's content in a fixed order: every object of its
+    schema (tables, indexes, triggers, views, as their SQL) and every row of every
+    table. A trigger of one's own is content too: it would make the engine's own
+    statements write rows of one's own."""
     digest = hashlib.sha256()
-    for table in _tables(conn):
-        digest.update(f"{table}\n".encode())
-        for row in _rows(conn, table):
-            digest.update(repr(row).encode() + b"\n")
+    for name, part in sorted(table_digests(conn).items()):
+        digest.update(f"{name}\n{part}\n".encode())
     return digest.hexdigest()
 
 
 def table_digests(conn: sqlite3.Connection) -> dict[str, str]:
-    """SHA-256 of each table's rows, by table name."""
+    """SHA-256 of each object of the schema, by name: a table's SQL and rows under
+    the table's name, any other object's SQL under its kind and name
+    (``trigger forge``)."""
     digests = {}
-    for table in _tables(conn):
-        digest = hashlib.sha256()
-        for row in _rows(conn, table):
-            digest.update(repr(row).encode() + b"\n")
-        digests[table] = digest.hexdigest()
+    for kind, name, sql in conn.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+            "ORDER BY type, name").fetchall():
+        digest = hashlib.sha256(f"{sql}\n".encode())
+        if kind == "table":
+            for row in _rows(conn, name):
+                digest.update(repr(row).encode() + b"\n")
+            digests[name] = digest.hexdigest()
+        else:
+            digests[f"{kind} {name}"] = digest.hexdigest()
     return digests
-
-
-def _tables(conn: sqlite3.Connection) -> list[str]:
-    return [row[0] for row in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-        "ORDER BY name")]
 
 
 def _rows(conn: sqlite3.Connection, table: str) -> Iterator[tuple[Any, ...]]:
@@ -254,13 +256,26 @@ def _statements_from_outside(found: list[str]) -> Callable[[str], None]:
     ``effect_of``, writing with the queue's connection within the call's own
     transaction. The frame above the callback is the one that called ``execute``."""
     def traced(statement: str) -> None:
-        words = statement.split(None, 1)
-        first = words[0].upper() if words else ""
-        if first in _READS or first.startswith("--"):  # a read, or a trigger's own line
+        first = _first_word(statement)
+        if first in _READS:
             return
         if not _in_package(sys._getframe(1).f_code.co_filename):
             found.append(first)
     return traced
+
+
+def _first_word(statement: str) -> str:
+    """The first word of ``statement`` past its leading comments and blanks, in capitals
+    (a trigger's own lines, ``-- TRIGGER ...``, give ``""``: only the engine's
+    statements, in the package's code, fire the schema's triggers)."""
+    text = statement.lstrip()
+    while text.startswith(("--", "/*")):
+        end = text.find("\n") if text.startswith("--") else text.find("*/")
+        if end < 0:
+            return ""
+        text = text[end + (1 if text.startswith("--") else 2):].lstrip()
+    words = text.split(None, 1)
+    return words[0].upper() if words else ""
 
 
 def _signed_as(name: str) -> Callable[..., Any]:
@@ -382,8 +397,7 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
     own = own_sql(entries, exercise)
     if own:
         return Refused("sql", f"{mine}'s file was changed by SQL of your own, run inside "
-                       f"`{mine}.transaction()` (it changed the table"
-                       f"{'s' if len(own) > 1 else ''} {', '.join(own)}): a transaction you open "
+                       f"`{mine}.transaction()` (it changed {_named(own)}): a transaction you open "
                        "yourself is not one of the package's calls, though it runs on "
                        f"{mine}", again)
     inside = sorted({entry.get("what", "") for entry in entries
@@ -413,6 +427,14 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
                        f"since the last call on {mine} (SQL of your own, or a Queue of your own "
                        "on its file)", again)
     return None
+
+
+def _named(changed: list[str]) -> str:
+    """``the tables a, b`` and ``the trigger t``: what ``table_digests`` keys name."""
+    tables = [name for name in changed if " " not in name]
+    said = [f"the table{'s' if len(tables) > 1 else ''} {', '.join(tables)}"] if tables else []
+    said += [f"the {name}" for name in changed if " " in name]
+    return " and ".join(said)
 
 
 def own_sql(entries: list[dict[str, Any]], exercise: int) -> list[str]:

@@ -19,11 +19,13 @@ runs: the check judges afterwards, from what was seen.
   value as well (``PRAGMA journal_mode=DELETE``): a pragma that sets
   something of the file (``FILE_PRAGMAS``) is a write too. The authorizers
   are removed afterwards.
-- Child processes: an audit hook (``sys.addaudithook``) records
+- Child processes, and threads: an audit hook (``sys.addaudithook``) records
   ``subprocess.Popen``, ``os.system``, ``os.posix_spawn``, ``os.exec`` and
-  ``os.spawn`` events with their command lines. An audit hook cannot be
-  removed, so it is installed once per process and does nothing unless a
-  watch is on in the calling thread.
+  ``os.spawn`` events with their command lines, and each ``sqlite3.connect``
+  that the package's own code makes, in any thread of the process (the
+  profile function sees only the thread it was set in). An audit hook cannot
+  be removed, so it is installed once per process and does nothing unless a
+  watch is on.
 
 A write made outside this process, or by a library that is not ``sqlite3``,
 has no authorizer: the check compares ``PRAGMA data_version`` (read before
@@ -74,6 +76,9 @@ class Watched:
     writes: list[str] = field(default_factory=list)
     pragmas: list[str] = field(default_factory=list)  # each given a value: "journal_mode=DELETE"
     children: list[tuple[str, str]] = field(default_factory=list)  # (as run, as shown)
+    # files the package's own code opened with sqlite3 while the function ran, in any
+    # thread: the answer key reached from a thread the profile function does not see
+    package_opened: list[str] = field(default_factory=list)
     _connections: dict[int, sqlite3.Connection] = field(default_factory=dict, repr=False)
 
     def authorize(self, action: int, first: Any, second: Any, database: Any, _: Any) -> int:
@@ -152,12 +157,19 @@ def _install_hook() -> None:
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """Note a child process started in a watched thread (silent everywhere else)."""
-    if not _watches or event not in _SPAWNS:
+    """While a watch is on, note a child process started, and a database file the
+    package's own code opens, in ANY thread of the process: a function may do its
+    work in a thread of its own, which the profile function does not see (silent
+    while no watch is on)."""
+    if not _watches or (event not in _SPAWNS and event != "sqlite3.connect"):
         return
     try:
-        watch = _watches.get(threading.get_ident())
-        if watch is not None:
+        watch = _watches.get(threading.get_ident()) or next(iter(_watches.values()))
+        if event == "sqlite3.connect":
+            caller = sys._getframe(1)
+            if caller.f_code.co_filename.startswith(_PACKAGE):
+                watch.package_opened.append(os.fsdecode(args[0]) if args else "")
+        else:
             watch.children.append(command_line(event, args))
     except Exception:  # an audit hook that raises would break the call it audits
         pass
