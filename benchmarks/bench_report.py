@@ -128,7 +128,8 @@ def _id_check(results: dict[str, Any]) -> tuple[float | None, str]:
     if not costs:
         return None, ""
     return (costs["general"] / costs["none"],
-            f"{costs['general']:+.2f} us on {costs['none']:.2f} us; course {costs['course']:+.2f} us")
+            f"{costs['general']:+.2f} us on {costs['none']:.2f} us; "
+            f"course {costs['course']:+.2f} us")
 
 
 def _against_peer(results: dict[str, Any] | None, ours: str, durable: bool

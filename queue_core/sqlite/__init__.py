@@ -30,7 +30,9 @@ from .schema import (BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, PAGE_SIZE, SCHEMA, 
                      SYNCHRONOUS_MODES)
 from .store import SqliteStore, has_table, is_connection_string
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "SQLITE_BUSY", "begin_immediate", "CHECKPOINT_PAGES", "PAGE_SIZE", "SCHEMA", "SCHEMA_VERSION",
-           "SYNCHRONOUS_MODES", "SqliteStore", "connect", "connect_readonly",
-           "file_rule", "has_table", "inspect", "is_connection_string", "may_write", "polling", "prepare", "read", "read_transaction", "roll_back_hot_journal", "schema_version",
-           "transaction", "unwritable"]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "CHECKPOINT_PAGES", "PAGE_SIZE", "SCHEMA", "SCHEMA_VERSION",
+           "SQLITE_BUSY", "SYNCHRONOUS_MODES", "begin_immediate", "connect",
+           "connect_readonly", "file_rule", "has_table", "inspect", "is_connection_string",
+           "may_write", "polling", "prepare", "read", "read_transaction",
+           "roll_back_hot_journal", "schema_version", "SqliteStore", "transaction",
+           "unwritable"]

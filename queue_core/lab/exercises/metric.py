@@ -14,7 +14,8 @@ the file, such as ``PRAGMA journal_mode=DELETE``, named as such, not by the
 the answer key another way than SQL of its own: a call into ``queue_core``
 at all, from any thread (``Queue.metrics()`` and ``audit.read_metrics`` are
 the very key the answer is compared with), or a child process of any kind
-(the CLI's ``metrics``, or a script that calls the package). ``watch`` says how the function is watched
+(the CLI's ``metrics``, or a script that calls the package). ``watch`` says
+how the function is watched
 while it runs; nothing is replaced.
 """
 

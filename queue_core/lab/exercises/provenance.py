@@ -397,8 +397,8 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
     own = own_sql(entries, exercise)
     if own:
         return Refused("sql", f"{mine}'s file was changed by SQL of your own, run inside "
-                       f"`{mine}.transaction()` (it changed {_named(own)}): a transaction you open "
-                       "yourself is not one of the package's calls, though it runs on "
+                       f"`{mine}.transaction()` (it changed {_named(own)}): a transaction you "
+                       "open yourself is not one of the package's calls, though it runs on "
                        f"{mine}", again)
     inside = sorted({entry.get("what", "") for entry in entries
                      if entry["kind"] == "call" and entry.get("own_sql")})
