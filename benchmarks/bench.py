@@ -242,6 +242,7 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         pruner = Worker() if plan.prune_case else None
         cases: list[Case] = []
         lifetime: dict[str, Any] = {}
+        id_check: dict[str, dict[str, float]] = {}
         safety: dict[str, dict[str, Any]] = {}
         pg_safety: dict[str, dict[str, Any]] = {}
         fenced: dict[str, dict[str, Any]] = {}
@@ -269,6 +270,9 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
                     fenced = late_acks(schemas)
                     check_our_fence(fenced["queue_core_pg"])
             lifetime = lifetime_figures(workdir, plan, cases, schemas, say)
+            if plan.full:
+                say("timing the event id's CHECK per UPDATE, each rule, each store")
+                id_check = id_check_costs(workdir, server)
         finally:
             for case in (*raws.values(), *cases):
                 case.close()
@@ -281,6 +285,8 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
                         missing_peers() if plan.peers else [])
     results["pg_safety"], results["fencing"] = pg_safety, fenced
     results["lifetime"] = lifetime
+    if id_check:
+        results["id_check"] = id_check
     if plan.full:
         say("counting fsyncs per message with strace")
         results["fsyncs"] = (fsyncs.count(fsync_claims=False), fsyncs.count(fsync_claims=True))
@@ -288,23 +294,16 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         results["slow"] = slow_regime(say)
     say("timing the command line's start against a bare Python start")
     results["startup"] = startup()
-    if plan.full:
-        say("timing the event id's CHECK per UPDATE, each rule, each store")
-        results["id_check"] = id_check_costs(plan.postgres > 0)
     results["targets"] = evaluate(results)
     return results
 
 
-def id_check_costs(postgres: bool) -> dict[str, dict[str, float]]:
-    """What each id rule's CHECK adds per UPDATE (``bench_idcheck``), on SQLite and,
-    where the run has a server, on PostgreSQL (a scratch schema of its own)."""
-    costs: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="queue-idcheck-", dir=same_file_system_dir()) as tmp:
-        costs["sqlite"] = bench_idcheck.sqlite_costs(Path(tmp))
-    if postgres:
-        with _postgres(True, lambda text: None) as server:
-            if server is not None:
-                costs["postgres"] = bench_idcheck.postgres_costs(server)
+def id_check_costs(workdir: Path, server: str | None) -> dict[str, dict[str, float]]:
+    """What each id rule's CHECK adds per UPDATE (``bench_idcheck``), on SQLite in
+    ``workdir`` and, where the run has a server, on PostgreSQL (a scratch schema)."""
+    costs = {"sqlite": bench_idcheck.sqlite_costs(workdir)}
+    if server is not None:
+        costs["postgres"] = bench_idcheck.postgres_costs(server)
     return costs
 
 

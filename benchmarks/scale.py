@@ -55,6 +55,8 @@ import scale_probe as probe  # noqa: E402
 from scale_worker import Process, quantile, start_all  # noqa: E402
 
 from queue_core import Queue, audit  # noqa: E402
+from queue_core.lab.speed.scaling import busy_share, cpu_ticks  # noqa: E402
+from queue_core.sqlite import is_connection_string  # noqa: E402
 
 CATEGORIES = ("book", "pen", "bag")
 FILL_BATCH = 1000  # events per enqueue commit: the batch limit of a JSONL file
@@ -131,7 +133,7 @@ class Run:
         self.started = time.perf_counter()
         self.samples: list[dict[str, Any]] = []
         self.phases: list[dict[str, Any]] = []
-        vacuum = plan.vacuum_every if probe.is_pg(db) else 0
+        vacuum = plan.vacuum_every if is_connection_string(db) else 0
         self.pruner = (Process("prune", db, plan.retention_s, vacuum, keep_stderr=True)
                        if prune else None)
         if self.pruner is not None:
@@ -161,7 +163,7 @@ class Run:
                              "pruned": status.pruned, **probe.sizes(self.db),
                              **{f"claim_{k}": v for k, v in
                                 probe.claim_work(self.db, int(time.time())).items()},
-                             **(probe.pg_vacuum_state(self.db) if probe.is_pg(self.db) else {})})
+                             **(probe.pg_vacuum_state(self.db) if is_connection_string(self.db) else {})})
 
     def phase(self, workers: int, count: int) -> dict[str, Any]:
         """Fill, then ``workers`` processes drain it; raw commits before and after.
@@ -171,9 +173,9 @@ class Run:
         self.next_id += count
         before = self.raw_rate(workers)
         self.sample(len(self.phases))
-        cpu = probe.cpu_times()
+        cpu = cpu_ticks()
         answers = self._drain(workers)
-        busy = probe.cpu_busy(cpu)
+        busy = busy_share(cpu, cpu_ticks()) or 0.0  # no /proc/stat: reported as 0 % busy
         after = self.raw_rate(workers)
         self.wait_for_prune()
         self.sample(len(self.phases), settled=True)
@@ -300,7 +302,7 @@ def run_store(store: str, db: str, control_db: str, raw_db: str, plan: Plan,
         for n, count in zip(workers, shares(events, workers)):
             main.phase(n, count)
         found["prune"] = main.stop_pruner()
-        if probe.is_pg(db):  # what a vacuum does to the claim's reads, now nothing is ready
+        if is_connection_string(db):  # what a vacuum does to the claim's reads, now nothing is ready
             found["vacuum_test"] = probe.vacuum_test(db, int(time.time()))
         found["relations"] = probe.relations(db)
         say(f"{store}: the audit over {main.next_id:,} events")

@@ -30,19 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from queue_core.postgres.schema import EXPIRED_READ
+from queue_core.sqlite import is_connection_string
 from queue_core.transitions import DUE, EXPIRED
 
 PG_TABLES = ("messages", "effects", "transitions", "compacted")
 
 
-def is_pg(db: str) -> bool:
-    return db.startswith("postgres")
-
-
 def sizes(db: str) -> dict[str, int]:
     """``{"table": bytes, "index": bytes, "file": bytes}`` of the queue now
     (PostgreSQL: ``file`` is tables and indexes together)."""
-    if is_pg(db):
+    if is_connection_string(db):
         import psycopg
 
         with psycopg.connect(db, autocommit=True) as conn:
@@ -102,7 +99,7 @@ def vacuum_test(db: str, now: int) -> dict[str, Any]:
 
 def relations(db: str) -> dict[str, int]:
     """Bytes of each table and index of the queue, largest first."""
-    if is_pg(db):
+    if is_connection_string(db):
         import psycopg
 
         with psycopg.connect(db, autocommit=True) as conn:
@@ -123,7 +120,7 @@ def relations(db: str) -> dict[str, int]:
 def claim_work(db: str, now: int) -> dict[str, int]:
     """The claim's work for one claim at ``now``: ``{"due": n, "expired": n}``
     (PostgreSQL: buffers; SQLite: VM instructions; see the module)."""
-    return _pg_buffers(db, now) if is_pg(db) else _sqlite_steps(db, now)
+    return _pg_buffers(db, now) if is_connection_string(db) else _sqlite_steps(db, now)
 
 
 def _pg_buffers(db: str, now: int) -> dict[str, int]:
@@ -171,25 +168,10 @@ def _sqlite_steps(db: str, now: int) -> dict[str, int]:
     return found
 
 
-def cpu_times() -> tuple[int, int]:
-    """This machine's CPU time so far, (busy, all), in clock ticks (``/proc/stat``)."""
-    with open("/proc/stat", encoding="ascii") as stat:
-        ticks = [int(field) for field in stat.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle and iowait
-    return sum(ticks) - idle, sum(ticks)
-
-
-def cpu_busy(since: tuple[int, int]) -> float:
-    """The share of every CPU of this machine that was busy since ``since`` (all
-    processes, ours and the rest of the machine's)."""
-    busy, total = cpu_times()
-    return (busy - since[0]) / max(1, total - since[1])
-
-
 def prepare_raw(db: str) -> None:
     """The table the raw commits write (``scale_worker.raw``), in the queue's
     PostgreSQL schema or a SQLite file of its own beside the queue."""
-    if is_pg(db):
+    if is_connection_string(db):
         import psycopg
 
         with psycopg.connect(db, autocommit=True) as conn:
