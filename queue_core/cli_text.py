@@ -41,7 +41,9 @@ def status_lines(status: Status, *, as_json: bool) -> list[str]:
             f"effects: {status.effects}",
             *(f"  {category:<8}{cents:>12}" for category, cents in status.totals.items()),
             f"total:   {status.total}",
-            *_ids(status.ids)]
+            *_ids(status.ids),
+            *(f"priority {priority}: " + ", ".join(f"{name} {n}" for name, n in states.items())
+              for priority, states in status.priorities.items())]
 
 
 def _ids(rule: str) -> list[str]:
@@ -66,7 +68,10 @@ def metrics_lines(metrics: Metrics, *, as_json: bool, model_time: bool) -> list[
                             "next_due_at": metrics.next_due_at,
                             "expired_leases": metrics.expired_leases,
                             "dead_attempts": dict(metrics.dead_attempts),
-                            "pruned": metrics.pruned, "ids": metrics.ids})]
+                            "pruned": metrics.pruned, "ids": metrics.ids,
+                            **({"priorities": {str(priority): figures.as_dict() for
+                                               priority, figures in metrics.priorities.items()}}
+                               if metrics.priorities else {})})]
     clock = "model time" if model_time else \
         f"{datetime.fromtimestamp(metrics.at, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
     expired = metrics.expired_leases
@@ -83,6 +88,11 @@ def metrics_lines(metrics: Metrics, *, as_json: bool, model_time: bool) -> list[
         lines["pruned"] = f"{metrics.pruned} done messages (payload and journal dropped)"
     if metrics.ids != COURSE:
         lines["ids"] = f"{metrics.ids} ({described(metrics.ids)})"
+    for priority, figures in metrics.priorities.items():  # once one is not the default
+        age = figures.oldest_ready_age
+        lines[f"priority {priority}"] = (
+            ", ".join(f"{name} {n}" for name, n in figures.depth.items() if name != "done")
+            + ("; none due" if age is None else f"; oldest due waiting {_duration(age)}"))
     return [f"{name + ':':<16}{value}" for name, value in lines.items()]
 
 

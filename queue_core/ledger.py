@@ -21,10 +21,11 @@ from .marks import too_new
 from .sqlite import has_table
 from .stores import open_store
 from .transitions import EXPIRED, rows_among
-from .values import Compacted, Effect, Message, Metrics, State, Status, Transition
+from .priority import DEFAULT_PRIORITY, PRIORITY_SINCE
+from .values import Compacted, Effect, Message, Metrics, PriorityFigures, State, Status, Transition
 
 __all__ = ["CONTRAST_LEDGER", "EffectRow", "Snapshot", "read_compacted", "read_digests",
-           "read_effects", "read_effects_among", "read_journal", "read_journal_after",
+           "has_priority", "read_effects", "read_effects_among", "read_journal", "read_journal_after",
            "read_messages", "read_messages_among", "read_metrics", "read_status", "read_version",
            "rows_among", "snapshot"]
 
@@ -79,16 +80,35 @@ class Snapshot:
 
 # -- reading (the caller holds one read transaction) ----------------------------------
 
+def has_priority(conn: Any) -> bool:
+    """Whether the queue the connection reads stores each message's priority
+    (SQLite's schema 4, PostgreSQL's 6; a queue of an earlier version is read
+    as it is, every message of the default priority)."""
+    store = "sqlite" if isinstance(conn, sqlite3.Connection) else "postgresql"
+    return read_version(conn) >= PRIORITY_SINCE[store]
+
+
 def read_status(conn: sqlite3.Connection) -> Status:
-    """Counts per state, effects and money per category, as stored."""
+    """Counts per state, effects and money per category, as stored; per
+    priority too, once a message has one other than the default."""
     states = {state.value: 0 for state in State}
-    states.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
+    by_priority: dict[int, dict[str, int]] = {}
+    if has_priority(conn):
+        for priority, state, count in conn.execute(
+                "SELECT priority, state, count(*) FROM messages GROUP BY priority, state "
+                "ORDER BY priority"):
+            states[state] += count
+            by_priority.setdefault(priority, {state.value: 0 for state in State})[state] = count
+    else:
+        states.update(conn.execute("SELECT state, count(*) FROM messages GROUP BY state"))
+    if set(by_priority) <= {DEFAULT_PRIORITY}:
+        by_priority = {}
     # CAST: PostgreSQL sums a bigint column as numeric, which Python reads as Decimal.
     totals = dict(conn.execute("SELECT category, CAST(sum(amount_cents) AS BIGINT) FROM effects "
                                "GROUP BY category ORDER BY category"))
     effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
     pruned = conn.execute("SELECT count(*) FROM messages WHERE payload IS NULL").fetchone()[0]
-    return Status(states, effects, totals, sum(totals.values()), pruned)
+    return Status(states, effects, totals, sum(totals.values()), pruned, priorities=by_priority)
 
 
 def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
@@ -104,13 +124,26 @@ def read_metrics(conn: sqlite3.Connection, now: int) -> Metrics:
     expired = conn.execute(f"SELECT count(*) FROM ({EXPIRED}) AS expired", (now,)).fetchone()[0]
     dead = dict(conn.execute("SELECT event_id, attempts FROM messages "
                              "WHERE state = 'dead' ORDER BY event_id"))
+    priorities = {}
+    if status.priorities:
+        oldest_of = dict(conn.execute("SELECT priority, min(available_at) FROM messages "
+                                      "WHERE state = 'ready' AND available_at <= ? "
+                                      "GROUP BY priority", (now,)))
+        priorities = {priority: PriorityFigures(
+            counts, None if oldest_of.get(priority) is None else now - oldest_of[priority])
+            for priority, counts in status.priorities.items()}
     return Metrics(now, depth, None if oldest is None else now - oldest, expired, dead, next_due,
-                   status.pruned)
+                   status.pruned, priorities=priorities)
+
+
+def _message_columns(conn: Any) -> str:
+    """The columns ``Message.from_row`` reads, the priority 0 where none is stored."""
+    return f"{_MESSAGE_COLUMNS}, {'priority' if has_priority(conn) else DEFAULT_PRIORITY}"
 
 
 def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list[Message]:
     """Stored messages in event id order, all or the one named."""
-    rows = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages "
+    rows = conn.execute(f"SELECT {_message_columns(conn)} FROM messages "
                         "WHERE CAST(? AS TEXT) IS NULL OR event_id = ? ORDER BY event_id", (event_id, event_id))
     return [Message.from_row(row) for row in rows]
 
@@ -118,7 +151,8 @@ def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list
 def read_messages_among(conn: Any, event_ids: list[str]) -> list[Message]:
     """The stored messages among ``event_ids`` (in no particular order)."""
     return [Message.from_row(row) for row in rows_among(
-        conn, f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE event_id IN ({{}})", event_ids)]
+        conn, f"SELECT {_message_columns(conn)} FROM messages WHERE event_id IN ({{}})",
+        event_ids)]
 
 
 def read_effects_among(conn: Any, event_ids: list[str]) -> dict[str, EffectRow]:

@@ -42,6 +42,7 @@ from typing import Any, Callable, ContextManager, Protocol, TypeVar
 
 from . import audit
 from .crashpoints import crash_point
+from .priority import CLAIM_ORDER
 from .sqlite import BUSY_TIMEOUT_SECONDS, SQLITE_BUSY, polling
 from .values import State, Transition
 
@@ -73,10 +74,12 @@ LOCK_POLL_SECONDS = 0.0002  # how often a prune asks again for SQLite's write lo
 WAL_TRUNCATE_BYTES = 1024 * 1024  # a WAL this long is truncated after a prune, if idle
 
 # The done messages old enough to prune, oldest first, from the ``done`` range of
-# ``messages_live`` (a pruned message leaves it). Parameters: cutoff, cutoff, limit.
+# ``messages_live`` (a pruned message leaves it), in the index's order (the claim's,
+# ``priority.CLAIM_ORDER``, never later than ``available_at``, which bounds the
+# read). Parameters: cutoff, cutoff, cutoff, limit.
 _CANDIDATES = ("SELECT event_id FROM messages WHERE state = 'done' AND payload IS NOT NULL "
-               "AND available_at <= ? AND finished_at <= ? ORDER BY available_at, event_id "
-               "LIMIT ?")
+               f"AND {CLAIM_ORDER} <= ? AND available_at <= ? AND finished_at <= ? "
+               f"ORDER BY {CLAIM_ORDER}, event_id LIMIT ?")
 _CHUNK = 500  # sequence numbers per IN (...) list
 _JOURNAL_PAGE = 500  # journal rows read at a time
 
@@ -202,7 +205,8 @@ def _read_ahead(conn: Any, cutoff: int, limit: int, skip: list[str]
     the write lock. Also that owner, if it was one."""
     last = conn.execute("SELECT event_id FROM transitions "
                         "ORDER BY seq DESC LIMIT 1").fetchone()
-    found = [row[0] for row in conn.execute(_CANDIDATES, (cutoff, cutoff, limit + len(skip) + 1))]
+    found = [row[0] for row in conn.execute(_CANDIDATES, (cutoff, cutoff, cutoff,
+                                                      limit + len(skip) + 1))]
     waiting = last[0] if last is not None and last[0] in found else None
     ids = [event_id for event_id in found if event_id not in skip and event_id != waiting][:limit]
     return ids, waiting

@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from .errors import LeaseLost, UnknownEvent
+from .priority import CLAIM_ORDER
 from .values import Lease, State
 
 JOURNAL_COLUMNS = "event_id, from_state, to_state, generation, attempts, reason"
@@ -46,22 +47,35 @@ JOURNAL_INSERT = ("INSERT INTO transitions (at, event_id, from_state, to_state, 
 # with the done rows kept forever.
 # ``payload IS NOT NULL`` is the index's condition, named so that the database
 # may use it (a ready or leased row always has its payload: the schema's
-# ``pruned_only_when_done``). Parameters: now, limit; now.
+# ``pruned_only_when_done``). Parameters: now, now, limit; now.
+# The due messages come in the claim's order (``priority.CLAIM_ORDER``: the due
+# time less the priority's head start, the index's second column), read from
+# the first key up to ``now``; the keys up to ``now`` of messages not due yet (an
+# urgent message in backoff) are passed over, at most nine minutes of them.
 LIVE = "payload IS NOT NULL"
-DUE = (f"SELECT event_id FROM messages WHERE state = 'ready' AND {LIVE} AND available_at <= ? "
-       "ORDER BY available_at, event_id LIMIT ?")
+DUE = (f"SELECT event_id FROM messages WHERE state = 'ready' AND {LIVE} "
+       f"AND {CLAIM_ORDER} <= ? AND available_at <= ? "
+       f"ORDER BY {CLAIM_ORDER}, event_id LIMIT ?")
+# The same read before priorities (PostgreSQL's step function of schema 4 and 5
+# spells it). Parameters: now, limit.
+DUE_BEFORE_PRIORITY = (f"SELECT event_id FROM messages WHERE state = 'ready' AND {LIVE} "
+                       "AND available_at <= ? ORDER BY available_at, event_id LIMIT ?")
 EXPIRED = f"SELECT event_id FROM messages WHERE state = 'leased' AND {LIVE} AND lease_until <= ?"
 
-# ready -> leased: the due messages in (available_at, event_id) order, up to a limit
-# (``{picked}`` is the store's form of ``DUE``). Parameters: lease_until, now, limit.
-# Also returns lease_until, available_at (unchanged by the claim: it orders the
-# leases, since RETURNING promises no order) and the stored payload, which the
-# lease carries to its holder (``Lease.payload``).
+# ready -> leased: the due messages in the claim's order, up to a limit
+# (``{picked}`` is the store's form of ``DUE``). Parameters: lease_until, now, now,
+# limit. Also returns lease_until, available_at, the stored payload, which the
+# lease carries to its holder (``Lease.payload``), and the claim's order
+# (``claim_order``, then ``event_id``: it orders the leases, since RETURNING
+# promises no order; a claim changes neither).
 CLAIM = ("UPDATE messages SET state = 'leased', attempts = attempts + 1, "
          "generation = generation + 1, lease_until = ? "
          "WHERE state = 'ready' AND event_id {picked} "
          "RETURNING event_id, 'ready' AS from_state, 'leased' AS to_state, generation, "
-         "attempts, 'claimed' AS reason, lease_until, available_at, payload")
+         f"attempts, 'claimed' AS reason, lease_until, available_at, payload, "
+         f"{CLAIM_ORDER} AS claim_order")
+# The leases' order in CLAIM's rows.
+CLAIMED_ORDER = ("claim_order", "event_id")
 
 # leased -> ready (budget left: available again from the old deadline on) or
 # leased -> dead (no attempt left), for every lease whose deadline has passed

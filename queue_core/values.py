@@ -64,13 +64,15 @@ class Message:
     available_at: int
     lease_until: int | None
     last_error: str | None
+    priority: int = 0  # its head start in the claim's order (``priority``)
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> "Message":
-        """Build from a ``SELECT`` of the columns in declaration order."""
-        event_id, payload, state, attempts, generation, available_at, lease_until, last_error = row
+        """Build from a ``SELECT`` of the columns in declaration order, the priority last."""
+        (event_id, payload, state, attempts, generation, available_at, lease_until, last_error,
+         priority) = row
         return cls(event_id, payload, State(state), attempts, generation,
-                   available_at, lease_until, last_error)
+                   available_at, lease_until, last_error, priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +115,32 @@ class Status:
     total: int
     pruned: int = 0  # done messages whose payload and journal were pruned
     ids: str = "course"  # the rule the queue's event ids follow (``ids``)
+    # Counts per state of each priority stored (``priority``), lowest first; empty
+    # while every message has the default priority, 0.
+    priorities: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        """The shape ``status --json`` prints."""
-        return {"states": dict(self.states), "effects": self.effects,
-                "totals": dict(self.totals), "total": self.total, "pruned": self.pruned,
-                "ids": self.ids}
+        """The shape ``status --json`` prints (``priorities`` once a message has one
+        other than 0, its keys the priorities as text, as JSON's keys are)."""
+        shape = {"states": dict(self.states), "effects": self.effects,
+                 "totals": dict(self.totals), "total": self.total, "pruned": self.pruned,
+                 "ids": self.ids}
+        if self.priorities:
+            shape["priorities"] = {str(priority): dict(states)
+                                   for priority, states in self.priorities.items()}
+        return shape
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityFigures:
+    """``Metrics`` of the messages of one priority: depth by state, and how long
+    the oldest due ``ready`` one has waited (``None`` if none is due)."""
+
+    depth: Mapping[str, int]
+    oldest_ready_age: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"depth": dict(self.depth), "oldest_ready_age": self.oldest_ready_age}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +164,9 @@ class Metrics:
     next_due_at: int | None = None
     pruned: int = 0  # done messages whose payload and journal were pruned
     ids: str = "course"  # the rule the queue's event ids follow (``ids``)
+    # The same figures per priority (``priority``), lowest first; empty while
+    # every message has the default priority, 0.
+    priorities: Mapping[int, PriorityFigures] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ with ``unknown_option:`` for an option its side does not have, shown with the
 usage of the parser that would have taken it and the closest option there is,
 with ``unknown_command:`` for a word where the command goes that is none, with
 the closest command, with ``unused_option:`` for ``--db``/``--now`` given to
-``demo``, with ``invalid_seconds:`` or ``invalid_count:`` for an integer option
-that is not plain ASCII digits in its range, with ``unknown_id_rule:`` for an
+``demo``, with ``invalid_seconds:``, ``invalid_count:`` or ``invalid_priority:``
+for an integer option that is not plain ASCII digits in its range, with ``unknown_id_rule:`` for an
 ``--ids`` that is neither ``course`` nor ``general``, and with ``missing_option:``,
 ``missing_value:`` or ``unexpected_argument:`` for argparse's own refusals;
 no option is taken abbreviated); 1 for
@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "or general (1 to 128 ASCII letters, digits and _ . : -); "
                               "an existing queue must have it (default: the queue's own, "
                               "course for a new one)")
+    enqueue.add_argument("--priority", type=_priority, default=0, metavar="P",
+                         help="the priority of the batch's new messages, 0 to 9: a head start "
+                              "of P minutes in the claim's order, so that no message waits "
+                              "forever; a repeat keeps its stored one (default: 0)")
     work = _command(commands, "work", "process every message due now (at most N with --max), "
                     "then exit", "queue-core --now 1000 work --accept toy")
     work.add_argument("--lease-seconds", type=_positive, default=DEFAULT_LEASE_SECONDS,
@@ -343,6 +347,11 @@ def _positive(text: str) -> int:
 def _count(text: str) -> int:
     """A number of messages (``--max``, ``--batch-size``): 1 or more."""
     return _whole(text, "invalid_count", "a count of messages", least=1, most=MAX_COUNT)
+
+
+def _priority(text: str) -> int:
+    """A priority (``--priority``): 0 to 9 (``priority.PRIORITIES``, without loading the engine)."""
+    return _whole(text, "invalid_priority", "a priority", least=0, most=9)
 
 
 def _whole(text: str, code: str, what: str, least: int, most: int) -> int:

@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     if not reading and not is_connection_string(args.db):  # the file is the queue's: sound?
         _refuse_damaged(args.db)
     if batch is not None:
-        result = queue.enqueue(batch)
+        result = queue.enqueue(batch, priority=args.priority)
         _say(f"inserted {result.inserted}, duplicates {result.duplicates}")
     elif args.command == "work":
         return _work(queue, Handler().supporting(*args.accept), args.batch_size,

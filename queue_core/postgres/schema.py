@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from ..ids import COURSE, sql_check
 from ..marks import APPLICATION_ID
+from ..priority import CLAIM_ORDER, HIGHEST, LOWEST
 from ..transitions import EXPIRED, LIVE
 
 # The schema version a PostgreSQL queue has: 2 as SQLite's, the worker's step as
 # a function of the schema (3), and that step holding the stored payload to the
 # digest kept from enqueue on (4), and the rule its event ids follow recorded in
-# the meta row (5, as SQLite's 3). Each store counts its own versions: a SQLite
+# the meta row (5, as SQLite's 3), and a message's priority with the live index in
+# the claim's order (6, as SQLite's 4). Each store counts its own versions: a SQLite
 # file has no use for a server-side function, and is not rewritten for one.
 # ``migrations`` upgrades a schema of every earlier version to it.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 META_TABLE = "queue_core_meta"
 
@@ -44,6 +46,11 @@ LIVE_INDEX = ("CREATE INDEX messages_live ON messages "
 # change of state.
 LIVE_INDEX_3 = ("CREATE INDEX messages_live ON messages (state, available_at, event_id, "
                 "finished_at) WHERE payload IS NOT NULL AND state <> 'leased'")
+# Schema 6's in its place: the ready rows in the claim's order (``priority``:
+# the due time less the priority's head start), then by event id, with
+# ``available_at`` for the claim's "is it due" and ``finished_at`` for prune.
+LIVE_INDEX_6 = (f"CREATE INDEX messages_live ON messages (state, ({CLAIM_ORDER}), event_id, "
+                "available_at, finished_at) WHERE payload IS NOT NULL AND state <> 'leased'")
 LEASED_INDEX = ("CREATE INDEX messages_leased ON messages (lease_until) "
                 "WHERE state = 'leased' AND payload IS NOT NULL")
 # The claim's read of expired leases (``transitions.EXPIRED``), from the earliest
@@ -68,6 +75,10 @@ COMPACTED_TABLE = """CREATE TABLE compacted (
 # The meta row's column that says which rule a queue's event ids follow (``ids``),
 # chosen when it is created; schema 5 adds it, every earlier queue a course queue.
 # A constant default: adding the column rewrites no row (PostgreSQL 11 and later).
+# Schema 6's column: a message's priority (``priority``), 0 for every message
+# stored before; a constant default, so adding it rewrites no row.
+PRIORITY_COLUMN = ("priority integer NOT NULL DEFAULT 0 CONSTRAINT priority_range "
+                   f"CHECK (priority BETWEEN {LOWEST} AND {HIGHEST})")
 ID_RULE_COLUMN = ("id_rule text NOT NULL DEFAULT 'course' CONSTRAINT id_rule_known "
                   "CHECK (id_rule IN ('course', 'general'))")
 
@@ -89,13 +100,14 @@ CREATE TABLE messages (
     lease_until  bigint,
     last_error   text,
     finished_at  bigint,
+    {PRIORITY_COLUMN},
     CONSTRAINT lease_until_iff_leased CHECK ((state = 'leased') = (lease_until IS NOT NULL)),
     CONSTRAINT leased_was_claimed CHECK (state <> 'leased' OR attempts >= 1),
     CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL),
     CONSTRAINT finished_at_iff_done CHECK ((state = 'done') = (finished_at IS NOT NULL)),
     CONSTRAINT pruned_only_when_done CHECK (payload IS NOT NULL OR state = 'done')
 );
-{LIVE_INDEX_3};
+{LIVE_INDEX_6};
 {LEASED_INDEX};
 CREATE TABLE effects (
     event_id     text PRIMARY KEY REFERENCES messages (event_id),

@@ -9,11 +9,16 @@ migration step to that version creates it.
 from __future__ import annotations
 
 from ..handler import EFFECT_INSERT
-from ..transitions import ACK, CLAIM, DUE, FAIL, RECOVER, picking
+from ..priority import CLAIM_ORDER
+from ..transitions import (ACK, CLAIM, CLAIMED_ORDER, DUE, DUE_BEFORE_PRIORITY, FAIL, RECOVER,
+                           picking)
 from .connection import _bound, _journalled, picked
-from .schema import EXPIRED_READ
+from .schema import EXPIRED_READ, SCHEMA_VERSION
 
 STEP_FUNCTION_NAME = "queue_core_step"
+# The claim as schema 3 to 5 spelled it in the step, before a message had a priority.
+CLAIM_BEFORE_PRIORITY = CLAIM.replace(f", {CLAIM_ORDER} AS claim_order", "", 1)
+assert CLAIM_BEFORE_PRIORITY != CLAIM
 # The stored payload's SHA-256, computed by the server from the payload as it is
 # stored now (the same bytes Python hashes: ``ingest.payload_digest``).
 STORED_DIGEST = "sha256(convert_to(payload, 'UTF8'))"
@@ -64,9 +69,9 @@ _REFUSAL = """{dead_letter};
                      FROM messages AS m WHERE m.event_id = p_event_id;"""
 
 
-def _step_function(version: int = 4) -> str:
+def _step_function(version: int = SCHEMA_VERSION) -> str:
     """The text of the worker's step on the server (see ``STEP_FUNCTION``), as
-    schema ``version`` (3 or 4) has it."""
+    schema ``version`` (3, 4 or 6; 5 kept 4's) has it."""
     ack = _bound(_journalled(ACK_OF_PAYLOAD if version >= 4 else ACK_OF_PAYLOAD_3, ()),
                  ("v_now", "p_event_id", "p_generation", "v_now", "p_digest", "v_now"))
     edited = _bound(_journalled(DEAD_LETTER_EDITED, ()),
@@ -77,9 +82,13 @@ def _step_function(version: int = 4) -> str:
     declared = "\n    v_edited record;" if version >= 4 else ""
     recover = _bound(_journalled(picking(RECOVER, EXPIRED_READ, picked), ()),
                      ("p_max_attempts", "p_max_attempts", "v_now", "v_now"))
-    claim = _bound(_journalled(picking(CLAIM, DUE, picked),
-                               ("available_at", "event_id")),
-                   ("v_now + p_lease_seconds", "v_now", "p_claim", "v_now"))
+    if version >= 6:  # the claim's order, with the priority's head start
+        claim = _bound(_journalled(picking(CLAIM, DUE, picked), CLAIMED_ORDER),
+                       ("v_now + p_lease_seconds", "v_now", "v_now", "p_claim", "v_now"))
+    else:
+        claim = _bound(_journalled(picking(CLAIM_BEFORE_PRIORITY, DUE_BEFORE_PRIORITY, picked),
+                                   ("available_at", "event_id")),
+                       ("v_now + p_lease_seconds", "v_now", "p_claim", "v_now"))
     claimed = claim.replace("SELECT * FROM changed ORDER BY",
                             "SELECT 'claimed', event_id, generation, attempts, lease_until, "
                             "'leased', payload, v_now FROM changed ORDER BY", 1)

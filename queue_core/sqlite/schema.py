@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from ..ids import COURSE, sql_check
+from ..priority import CLAIM_ORDER, HIGHEST, LOWEST
 
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF")
@@ -23,7 +24,7 @@ BUSY_TIMEOUT_SECONDS = 30.0
 # this many asks pass while the holder keeps committing (``connection.begin_immediate``).
 LOCK_POLL_SECONDS = 0.001
 LOCK_PATIENCE = 8
-SCHEMA_VERSION = 3           # PRAGMA user_version of the schema below; ``migrations``
+SCHEMA_VERSION = 4           # PRAGMA user_version of the schema below; ``migrations``
                              # upgrades a file of every earlier version to it
 META_TABLE = "queue_meta"
 
@@ -49,6 +50,7 @@ CREATE TABLE messages (
     lease_until  INTEGER,
     last_error   TEXT,
     finished_at  INTEGER,
+    {priority_column},
     CONSTRAINT lease_until_iff_leased CHECK ((state = 'leased') = (lease_until IS NOT NULL)),
     CONSTRAINT leased_was_claimed CHECK (state <> 'leased' OR attempts >= 1),
     CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL),
@@ -65,8 +67,10 @@ CREATE TABLE messages (
 -- step changes one page of this index, where two indexes (ready, leased) changed
 -- two. The queries name its condition (``payload IS NOT NULL``), so that the
 -- database may use it.
-CREATE INDEX messages_live ON messages (state, available_at, event_id, lease_until, finished_at)
-    WHERE payload IS NOT NULL;
+-- The ready rows are in the claim's order (``priority.CLAIM_ORDER``: the due time
+-- less the priority's head start), then by event id; ``available_at`` follows,
+-- so that the claim's "is it due" is read from the index too.
+{live_index};
 
 CREATE TABLE effects (
     event_id     TEXT PRIMARY KEY REFERENCES messages (event_id),
@@ -129,9 +133,23 @@ INSERT INTO {meta} (id_rule) VALUES ('{rule}');
 """
 
 
+# Schema 4's column: the message's priority (``priority``), a head start in the
+# claim's order; 0, the default, is every message's before priorities. Added to
+# an earlier file by ``ALTER TABLE ... ADD COLUMN`` (migration step 4), which
+# rewrites no row: SQLite reads the default for a row stored without it.
+PRIORITY_COLUMN = ("priority     INTEGER NOT NULL DEFAULT 0 CONSTRAINT priority_range "
+                   f"CHECK (priority BETWEEN {LOWEST} AND {HIGHEST})")
+# Schema 2 and 3's live index, and schema 4's in its place, in the claim's order.
+LIVE_INDEX_2 = ("CREATE INDEX messages_live ON messages (state, available_at, event_id, "
+                "lease_until, finished_at) WHERE payload IS NOT NULL")
+LIVE_INDEX = (f"CREATE INDEX messages_live ON messages (state, {CLAIM_ORDER}, event_id, "
+              "available_at, lease_until, finished_at) WHERE payload IS NOT NULL")
+
+
 def schema(ids: str = COURSE) -> str:
     """The schema text of a new queue file whose event ids follow the rule ``ids``."""
-    return _SCHEMA.format(id_check=sql_check(ids, "sqlite"), meta=META_TABLE, rule=ids)
+    return _SCHEMA.format(id_check=sql_check(ids, "sqlite"), meta=META_TABLE, rule=ids,
+                          priority_column=PRIORITY_COLUMN, live_index=LIVE_INDEX)
 
 
 SCHEMA = schema(COURSE)  # the course's, the default

@@ -207,12 +207,12 @@ class WitnessedQueue(Queue):
         finally:
             self._call = None
 
-    def enqueue(self, batch: Any) -> Any:
+    def enqueue(self, batch: Any, **options: Any) -> Any:
         """``Queue.enqueue``, its transaction signed with the batch's event ids
         (exercise 8 asks which event a replay after the prune carried)."""
         events = [getattr(event, "event_id", None) for event in getattr(batch, "events", ())]
         with self._calling("enqueue", events=events):
-            return super().enqueue(batch)
+            return super().enqueue(batch, **options)
 
     @contextmanager
     def _witnessed(self, inner: Any, call: dict[str, Any] | None) -> Iterator[sqlite3.Connection]:

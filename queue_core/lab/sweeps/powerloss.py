@@ -105,8 +105,8 @@ class _Recorded(Queue):
         super().__init__(path, **options)
         self._log, self._kind = log, "?"
 
-    def enqueue(self, *args: Any) -> Any:
-        return self._as("enqueue", super().enqueue, *args)
+    def enqueue(self, *args: Any, **options: Any) -> Any:
+        return self._as("enqueue", super().enqueue, *args, **options)
 
     def claim_batch(self, *args: Any) -> Any:
         return self._as("claim", super().claim_batch, *args)

@@ -7,7 +7,7 @@ the new function from its next step on, with the same arguments and rows.
 
 from __future__ import annotations
 
-from ..step import STEP_FUNCTION
+from ..step import _step_function
 
 REWRITES_MESSAGES = False
-STATEMENTS = (STEP_FUNCTION.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),)
+STATEMENTS = (_step_function(4).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),)

@@ -16,10 +16,11 @@ from typing import Callable
 from ...crashpoints import crash_point
 from ...errors import UnusableFile
 from ..connection import connect, transaction
-from . import v0002, v0003
+from . import v0002, v0003, v0004
 
 # version -> the step that upgrades a file of that version to the next one
-STEPS: dict[int, Callable[[sqlite3.Connection], int]] = {1: v0002.step, 2: v0003.step}
+STEPS: dict[int, Callable[[sqlite3.Connection], int]] = {1: v0002.step, 2: v0003.step,
+                                                          3: v0004.step}
 
 
 def migrate_step(path: str | os.PathLike[str], version: int) -> int | None:

@@ -11,16 +11,19 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 
-from ..schema import SCHEMA, statements
+from ..schema import LIVE_INDEX_2, PRIORITY_COLUMN, SCHEMA, statements
 
-# Schema 1 -> 2 (``SCHEMA`` above is 2). SQLite cannot drop a column's NOT NULL
+# Schema 1 -> 2: ``messages`` as schema 2 has it (the course's ids; the priority
+# column came with schema 4, ``v0004``). SQLite cannot drop a column's NOT NULL
 # or add a NOT NULL column without a default in place, so ``messages`` is
 # rebuilt: a new table, filled from the old one, renamed into its place (the
 # steps of "Making Other Kinds Of Table Schema Changes" in SQLite's ALTER TABLE
 # page). The other tables keep their rows; their foreign keys name
 # ``messages``, which they find again once the rename is done.
 _MESSAGES_V2 = next(statement for statement in statements(SCHEMA)
-                    if "CREATE TABLE messages (" in statement)
+                    if "CREATE TABLE messages (" in statement
+                    ).replace(f"    {PRIORITY_COLUMN},\n", "", 1)
+assert "priority" not in _MESSAGES_V2
 _REBUILD_MESSAGES_V2 = (
     _MESSAGES_V2.replace("CREATE TABLE messages (", "CREATE TABLE messages_v2 (", 1),
     # A done message finished when its last ``done`` step was journalled; a
@@ -35,8 +38,8 @@ _REBUILD_MESSAGES_V2 = (
     "WHERE to_state = 'done' GROUP BY event_id) AS f ON f.event_id = m.event_id",
     "DROP TABLE messages",
     "ALTER TABLE messages_v2 RENAME TO messages",
-    *(statement for statement in statements(SCHEMA)
-      if "CREATE INDEX messages_live" in statement or "CREATE TABLE compacted" in statement),
+    LIVE_INDEX_2,
+    *(statement for statement in statements(SCHEMA) if "CREATE TABLE compacted" in statement),
 )
 
 

@@ -1,0 +1,27 @@
+"""Schema 5 -> 6: a message's priority, the live index in the claim's order, and the step's
+function claiming in that order.
+
+A message now has a priority (``priority``), a head start in the claim's
+order. The column is added with a constant default, 0, which PostgreSQL (11
+and later) records in the catalogue instead of rewriting each row; its CHECK
+is verified by one read of the table. ``messages_live`` is built again with
+the claim's order as its second column (``LIVE_INDEX_6``, one pass over the
+rows that keep their payload), and the step's function replaced by one that
+claims in that order. The statements hold the table's lock until the commit
+(``MIGRATION_LOCK_TIMEOUT`` bounds the wait for it). A worker of the earlier
+engine running when it commits goes on: its own claim reads ``available_at``
+order, which the new index still answers (a priority is then ignored by that
+worker, never misread), and its step calls the new function from its next
+step on, with the same arguments and rows.
+"""
+
+from __future__ import annotations
+
+from ..schema import LIVE_INDEX_6, PRIORITY_COLUMN
+from ..step import _step_function
+
+REWRITES_MESSAGES = False
+STATEMENTS = (f"ALTER TABLE messages ADD COLUMN {PRIORITY_COLUMN}",
+              "DROP INDEX messages_live",
+              LIVE_INDEX_6,
+              _step_function(6).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))

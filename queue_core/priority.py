@@ -1,0 +1,83 @@
+"""A message's priority: a head start in the claim's order, so that nothing waits forever.
+
+A priority is an integer from 0 to 9, set when a message is enqueued (0, the
+default, is the order every queue had before priorities). It is a head start
+of ``HEAD_START_SECONDS`` per step: the claim takes due messages in the order
+of ``available_at - 60 * priority`` (``CLAIM_ORDER``), then by event id. A
+message of priority 9 that became due at 12:09 is taken before one of
+priority 0 that became due at 12:01, and after one of priority 0 that became
+due at 12:00.
+
+Why a head start, and not strict priority: under strict priority a steady
+stream of urgent messages starves every other one, for as long as it lasts
+(River, Oban and procrastinate order strictly; ``reference/priorities.md``).
+A head start bounds what can overtake a message: only a message whose
+``available_at`` comes less than ``9 * HEAD_START_SECONDS`` after its own.
+So the wait of a message of priority ``p`` that became due at ``t`` is at most
+the time it takes the workers to finish what is keyed before it: the messages
+already ahead at ``t`` and those that become due before ``t + (9 - p) * 60``
+with a higher priority (``wait_bound``). Whatever the load, that set is finite.
+
+What a priority does not change: a message is never claimed before it is due
+(``available_at <= now``: backoff holds for an urgent message too), and the
+fence, the claim budget, backoff, the dead-letter state and redrive are the
+same for every priority. A retried or redriven message keeps its priority.
+A replay of a stored event with another priority is a duplicate, and keeps
+the stored one: the priority says how soon to deliver an event, not what
+happened, and a source that repeats an event must not be refused for it.
+
+Nothing here touches a database: both stores' schema, the claim, prune's
+read and every refusal of a priority read the rule from here.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CLAIM_ORDER", "DEFAULT_PRIORITY", "HEAD_START_SECONDS", "LOWEST", "HIGHEST",
+           "PRIORITIES", "PRIORITY_SINCE", "head_start", "require_priority", "wait_bound"]
+
+LOWEST = 0
+HIGHEST = 9
+PRIORITIES = range(LOWEST, HIGHEST + 1)
+DEFAULT_PRIORITY = LOWEST
+HEAD_START_SECONDS = 60  # per step of priority: priority 9 is due nine minutes early
+# The claim's order, as both stores' live index holds it (the text must be the
+# index's own, so that SQLite matches the expression). Then ``event_id``.
+CLAIM_ORDER = f"available_at - {HEAD_START_SECONDS} * priority"
+# The schema version from which each store keeps a message's priority (the
+# stores' ``SCHEMA_VERSION``s count apart; a queue of an earlier version holds
+# every message at the default, and is read as such).
+PRIORITY_SINCE = {"sqlite": 4, "postgresql": 6}
+
+
+def require_priority(priority: object) -> int:
+    """``priority`` as a priority, or ``ValueError`` saying what one is."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITIES:
+        raise ValueError(f"priority must be an integer from {LOWEST} to {HIGHEST}, "
+                         f"got {priority!r}")
+    return priority
+
+
+def head_start(priority: int) -> int:
+    """How many seconds earlier than its ``available_at`` a message of ``priority`` is keyed."""
+    return HEAD_START_SECONDS * require_priority(priority)
+
+
+def wait_bound(priority: int, ahead: int, urgent_per_second: float, rate: float) -> float:
+    """The longest a message of ``priority`` can wait once it is due, in seconds.
+
+    ``ahead`` messages are keyed before it when it becomes due; after that,
+    only messages that become due within ``(HIGHEST - priority) * 60``
+    seconds, with a head start larger than that gap, can still overtake it:
+    at most ``urgent_per_second`` of them each second, in the worst case all
+    of the highest priority. The workers finish ``rate`` messages a second.
+    Once that window has closed, nothing new can go before it, so the wait
+    is at most the time to finish what is ahead of it (a retry that becomes
+    due again in the window counts as one more arrival). Bounded for every
+    load: under strict priority, no bound exists once
+    ``urgent_per_second >= rate``.
+    """
+    require_priority(priority)
+    if rate <= 0:
+        raise ValueError(f"rate must be positive, got {rate!r}")
+    window = (HIGHEST - priority) * HEAD_START_SECONDS
+    return (ahead + urgent_per_second * window) / rate
