@@ -155,7 +155,7 @@ def test_an_extra_argument_of_a_command_is_refused_with_that_commands_usage(
 
     assert (result.returncode, result.stdout) == (2, "")
     lines = result.stderr.splitlines()
-    assert lines[0].startswith("usage: queue-core enqueue [-h] [--ids RULE] FILE")
+    assert lines[0].startswith("usage: queue-core enqueue [-h] [--ids RULE] [--priority P] FILE")
     assert lines[-1] == ("queue-core enqueue: error: unexpected_argument: unrecognized "
                          "arguments: twenty.jsonl")
     assert not (scratch / "queue.sqlite3").exists()

@@ -101,7 +101,7 @@ def test_the_protocols_claim_skips_a_row_another_claim_holds_instead_of_sharing_
     queue.enqueue_jsonl(jsonl([("E0001", "book", 100), ("E0002", "pen", 200)]))
     claim = _placeholders(picking(CLAIM, DUE, PostgresStore(pg_dsn).picked))
     with psycopg.connect(pg_dsn) as other:  # a claim that has chosen, not yet committed
-        held = other.execute(claim, (1002, 1000, 1)).fetchone()
+        held = other.execute(claim, (1002, 1000, 1000, 1)).fetchone()
 
         lease = queue.claim()
 
