@@ -52,6 +52,7 @@ _HOME = {
     "Outcome": "values",
     "PayloadDiffers": "errors",
     "IdRuleDiffers": "errors",
+    "PriorityFigures": "values",
     "Pruned": "retention",
     "Queue": "queue",
     "QueueError": "errors",
@@ -73,8 +74,8 @@ _HOME = {
     "read_batch": "ingest",
 }
 _MODULES = ("acks", "audit", "cli", "cli_text", "clock", "crashpoints", "errors", "handler",
-                "ingest", "lab", "ledger", "marks", "migrations", "postgres", "queue", "retention",
-                "sqlite", "stores", "transitions", "values", "views", "worker")
+            "ids", "ingest", "lab", "ledger", "marks", "migrations", "postgres", "priority",
+            "queue", "retention", "sqlite", "stores", "transitions", "values", "views", "worker")
 
 if TYPE_CHECKING:
     from .audit import Finding, Snapshot
@@ -86,7 +87,8 @@ if TYPE_CHECKING:
     from .migrations import Migration, migrate
     from .queue import Queue, backoff_seconds
     from .retention import Pruned
-    from .values import Effect, EnqueueResult, Lease, Message, Metrics, Outcome, State, Status, Transition
+    from .values import (Effect, EnqueueResult, Lease, Message, Metrics, Outcome, PriorityFigures,
+                         State, Status, Transition)
     from .worker import drain, finish, process_one
 
 
@@ -109,7 +111,7 @@ __all__ = [
     "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "ConnectionLost",
     "DEFAULT_CATEGORIES", "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation",
     "InvalidPayload", "Lease", "LeaseLost", "LockTimeout", "Message", "Metrics", "Migration",
-    "ModelClock", "NotRedrivable", "Outcome", "PayloadDiffers", "IdRuleDiffers", "Pruned", "Queue", "QueueError", "State",
+    "ModelClock", "NotRedrivable", "Outcome", "PayloadDiffers", "IdRuleDiffers", "PriorityFigures", "Pruned", "Queue", "QueueError", "State",
     "Status", "SystemClock", "TransientError", "Transition", "UnknownEvent", "backoff_seconds",
     "canonical_json", "drain", "finish", "migrate", "parse_batch", "process_one", "read_batch",
 ]
