@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Mapping
 
@@ -119,6 +119,9 @@ class Status:
     # while every message has the default priority, 0.
     priorities: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        return _repr_shown(self)
+
     def as_dict(self) -> dict[str, Any]:
         """The shape ``status --json`` prints (``priorities`` once a message has one
         other than 0, its keys the priorities as text, as JSON's keys are)."""
@@ -133,8 +136,11 @@ class Status:
 
 @dataclass(frozen=True, slots=True)
 class PriorityFigures:
-    """``Metrics`` of the messages of one priority: depth by state, and how long
-    the oldest due ``ready`` one has waited (``None`` if none is due)."""
+    """What ``Metrics`` says of the messages of one priority.
+
+    Depth by state, and how long the oldest due ``ready`` one has waited
+    (``None`` if none is due).
+    """
 
     depth: Mapping[str, int]
     oldest_ready_age: int | None
@@ -168,6 +174,9 @@ class Metrics:
     # every message has the default priority, 0.
     priorities: Mapping[int, PriorityFigures] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        return _repr_shown(self)
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -197,3 +206,11 @@ class Outcome:
         if self.detail:
             text += f": {self.detail}"
         return text
+
+
+def _repr_shown(value: Any) -> str:
+    """The dataclass's repr, without ``priorities`` while it is empty: a queue whose
+    messages all have the default priority prints as it did before priorities."""
+    shown = [f"{item.name}={getattr(value, item.name)!r}" for item in fields(value)
+             if item.name != "priorities" or getattr(value, item.name)]
+    return f"{type(value).__name__}({', '.join(shown)})"

@@ -48,9 +48,10 @@ LIVE_INDEX_3 = ("CREATE INDEX messages_live ON messages (state, available_at, ev
                 "finished_at) WHERE payload IS NOT NULL AND state <> 'leased'")
 # Schema 6's in its place: the ready rows in the claim's order (``priority``:
 # the due time less the priority's head start), then by event id, with
-# ``available_at`` for the claim's "is it due" and ``finished_at`` for prune.
+# ``finished_at`` for prune. The claim visits each candidate's row anyway, to
+# lock it, and reads ``available_at`` and the priority there.
 LIVE_INDEX_6 = (f"CREATE INDEX messages_live ON messages (state, ({CLAIM_ORDER}), event_id, "
-                "available_at, finished_at) WHERE payload IS NOT NULL AND state <> 'leased'")
+                "finished_at) WHERE payload IS NOT NULL AND state <> 'leased'")
 LEASED_INDEX = ("CREATE INDEX messages_leased ON messages (lease_until) "
                 "WHERE state = 'leased' AND payload IS NOT NULL")
 # The claim's read of expired leases (``transitions.EXPIRED``), from the earliest
