@@ -9,10 +9,11 @@ the claim's order as its second column (``LIVE_INDEX_6``, one pass over the
 rows that keep their payload), and the step's function replaced by one that
 claims in that order. The statements hold the table's lock until the commit
 (``MIGRATION_LOCK_TIMEOUT`` bounds the wait for it). A worker of the earlier
-engine running when it commits goes on: its own claim reads ``available_at``
-order, which the new index still answers (a priority is then ignored by that
-worker, never misread), and its step calls the new function from its next
-step on, with the same arguments and rows.
+engine running when it commits goes on: its own claim still reads due
+messages in ``available_at`` order (the server now sorts the ready rows for
+it, which costs more, and it ignores a priority, never misreads one), and its
+step calls the new function from its next step on, with the same arguments
+and rows.
 """
 
 from __future__ import annotations
