@@ -54,6 +54,21 @@ def test_a_cap_finishes_the_last_message_without_claiming_one_more(
     assert findings(db_path) == []
 
 
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_loop_that_keeps_no_outcome_reports_each_once_and_still_stops_at_its_cap(
+        queue: Queue, handler: Handler, db_path: Path, batch_size: int) -> None:
+    queue.enqueue_jsonl(FIVE)
+    seen: list[Outcome] = []
+
+    kept = drain(queue, handler, batch_size=batch_size, max_messages=4, keep_outcomes=False,
+                 on_outcome=seen.append)
+
+    assert kept == []  # nothing held: ``queue-core work`` over a million messages
+    assert [(o.event_id, o.kind) for o in seen] == [(f"E000{i}", "done") for i in range(1, 5)]
+    assert ledger(db_path) == expect(total=1000, effects=4, done=4, ready=1)
+    assert findings(db_path) == []
+
+
 @pytest.mark.parametrize("batch_size", [1, 10])
 def test_a_cap_of_zero_claims_nothing_and_a_cap_below_the_batch_claims_only_what_is_left(
         queue: Queue, handler: Handler, db_path: Path, batch_size: int) -> None:

@@ -22,7 +22,7 @@ from ..migrations import migrate
 from ..queue import Queue, require_event_id
 from ..sqlite import file_rule, may_write, read, roll_back_hot_journal, unwritable
 from ..stores import is_connection_string, open_store
-from ..values import Lease
+from ..values import Lease, Outcome
 from ..worker import drain
 from . import (DEFAULT_LEASE_SECONDS, EXIT_BROKEN_PIPE, EXIT_OPERATIONAL, EXIT_REFUSED,
                EXIT_SIGNAL, READING_COMMANDS)
@@ -237,14 +237,20 @@ def _work(queue: Queue, handler: Handler, batch_size: int, limit: int | None) ->
 
     # The last line's metrics are read on drain's connection: read on one of
     # their own, they would be the last to close, and read-only.
+    processed = 0
+
+    def said(outcome: Outcome) -> None:  # each outcome printed, none kept: a long run's
+        nonlocal processed                # memory does not grow with its messages
+        processed += 1
+        stop.say(str(outcome))
+
     with _closing_last(queue), _StopRequest() as stop:
-        outcomes = drain(queue, handler, batch_size=batch_size, stop=stop.requested,
-                         max_messages=limit, on_given_back=given_back,
-                         on_outcome=lambda outcome: stop.say(str(outcome)))
+        drain(queue, handler, batch_size=batch_size, stop=stop.requested, max_messages=limit,
+              on_given_back=given_back, on_outcome=said, keep_outcomes=False)
         if stop.signal is None:
-            stop.say(work_summary(queue.metrics(), len(outcomes), limit))
+            stop.say(work_summary(queue.metrics(), processed, limit))
             return 0
-    print(f"stopped by {signal.Signals(stop.signal).name} after {len(outcomes)} processed; "
+    print(f"stopped by {signal.Signals(stop.signal).name} after {processed} processed; "
           f"every finished message is committed{_already_lost(lost)}: run work again to go on",
           file=sys.stderr)
     return EXIT_SIGNAL[stop.signal]
