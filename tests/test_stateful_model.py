@@ -1,8 +1,9 @@
 """A Hypothesis state machine drives the real queue (a real SQLite file, a
 model clock) and a plain in-memory model of the protocol side by side:
-claim, complete, fail (transient or permanent), abandon a lease (the worker
-died), move the clock, redrive, upgrade the handler, and ACK with leases that
-are no longer current. After every step the database must agree with the
+claim (in the order of the messages' priorities), complete, fail (transient
+or permanent), abandon a lease (the worker died), move the clock, redrive,
+replay an event with any priority, upgrade the handler, and ACK with leases
+that are no longer current. After every step the database must agree with the
 model on every field, and the invariants must hold.
 
 ``QUEUE_SOAK=1`` runs 20 times more programs.
@@ -22,12 +23,16 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from queue_core import (Handler, InvalidPayload, LeaseLost, ModelClock, NotRedrivable, Queue,
                         backoff_seconds)
+from queue_core.priority import HEAD_START_SECONDS
 from queue_core.values import Lease
 
 SOAK = os.environ.get("QUEUE_SOAK") == "1"
 START, LEASE, BUDGET = 1000, 2, 3
 EVENTS = {"E0001": ("book", 100), "E0002": ("pen", 250), "E0003": ("toy", 300),
           "E0004": ("bag", 400)}
+# Each event's priority, a head start of a minute per step: E0003 (9) goes first
+# while due, E0002 (1) overtakes what became due less than a minute before it.
+PRIORITIES = {"E0001": 0, "E0002": 1, "E0003": 9, "E0004": 0}
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Row:
     available_at: int = START
     lease_until: int | None = None
     last_error: str | None = None
+    priority: int = 0
 
 
 class QueueModel(RuleBasedStateMachine):
@@ -53,10 +59,9 @@ class QueueModel(RuleBasedStateMachine):
                            lease_seconds=LEASE, max_attempts=BUDGET, synchronous="NORMAL")
         self.session = self.queue.session()  # one connection for the whole program
         self.session.__enter__()
-        self.queue.enqueue_jsonl("".join(
-            f'{{"event_id": "{e}", "payload": {{"category": "{c}", "amount_cents": {a}}}}}\n'
-            for e, (c, a) in EVENTS.items()))
-        self.rows = {event_id: Row() for event_id in EVENTS}
+        for event_id, (category, amount) in EVENTS.items():
+            self.queue.enqueue_jsonl(_line(event_id), priority=PRIORITIES[event_id])
+        self.rows = {event_id: Row(priority=PRIORITIES[event_id]) for event_id in EVENTS}
         self.effects: dict[str, int] = {}
         self.categories = {"book", "pen", "bag"}
         self.held: list[Lease] = []     # leases a live worker still holds
@@ -99,7 +104,8 @@ class QueueModel(RuleBasedStateMachine):
     def claim(self) -> None:
         now = self.clock.now()
         self._recover_expired(now)
-        due = sorted((row.available_at, event_id) for event_id, row in self.rows.items()
+        due = sorted((row.available_at - HEAD_START_SECONDS * row.priority, event_id)
+                     for event_id, row in self.rows.items()
                      if row.state == "ready" and row.available_at <= now)
         lease = self.queue.claim()
         if not due:
@@ -189,6 +195,13 @@ class QueueModel(RuleBasedStateMachine):
         self.rows[event_id] = replace(row, state="ready", attempts=0,
                                       available_at=self.clock.now())
 
+    @rule(event_id=st.sampled_from(sorted(EVENTS)), priority=st.integers(0, 9))
+    def replay_with_any_priority(self, event_id: str, priority: int) -> None:
+        """The source repeats an event, with whatever priority: a duplicate that
+        keeps the stored priority, its place in the order, and changes nothing."""
+        result = self.queue.enqueue_jsonl(_line(event_id), priority=priority)
+        assert (result.inserted, result.duplicates) == (0, 1)
+
     @precondition(lambda self: "toy" not in self.categories)
     @rule()
     def upgrade_handler_to_know_toy(self) -> None:
@@ -202,7 +215,7 @@ class QueueModel(RuleBasedStateMachine):
         try:
             stored = {e: Row(*rest) for e, *rest in conn.execute(
                 "SELECT event_id, state, attempts, generation, available_at, lease_until, "
-                "last_error FROM messages")}
+                "last_error, priority FROM messages")}
             effects = conn.execute("SELECT event_id, amount_cents FROM effects").fetchall()
         finally:
             conn.close()
@@ -218,6 +231,12 @@ class QueueModel(RuleBasedStateMachine):
             assert row.generation >= self.max_generation[event_id]  # never decreases
             self.max_generation[event_id] = row.generation
             assert row.state != "dead" or row.last_error is not None
+
+
+def _line(event_id: str) -> str:
+    category, amount = EVENTS[event_id]
+    return (f'{{"event_id": "{event_id}", "payload": {{"category": "{category}", '
+            f'"amount_cents": {amount}}}}}\n')
 
 
 QueueModel.TestCase.settings = settings(
