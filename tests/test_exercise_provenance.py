@@ -425,6 +425,20 @@ def forged_9(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
     return q9, (exercises.run_after_cut_9(q9, after_lost_connection),)
 
 
+def forged_10(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
+    mine, model = in_two(tmp)
+    solved = exercises.start_10(model)
+    solved.enqueue_jsonl(REFUND_LINE, priority=3)
+    drain(solved, Handler().supporting("refund"))
+    q10 = exercises.start_10(mine)
+    q10.enqueue_jsonl(REFUND_LINE)  # priority 0: the order, and the rest, written by hand
+    written_in_its_transaction(q10, model_rows(solved.path))
+    return q10, ()
+
+
+REFUND_LINE = '{"event_id": "E1007", "payload": {"category": "refund", "amount_cents": 2500}}'
+
+
 @pytest.mark.parametrize("number, forge, tables", [
     (1, forged_1, "tables effects, messages, transitions"),
     (3, forged_3, "tables effects, messages, transitions"),
@@ -432,7 +446,9 @@ def forged_9(tmp: Path) -> tuple[Queue, tuple[object, ...]]:
     (7, forged_7, "tables effects, messages, transitions"),
     (8, forged_8, "tables compacted, messages, transitions"),
     (9, forged_9, "tables effects, messages, transitions"),
-], ids=["exercise-1", "exercise-3", "exercise-4", "exercise-7", "exercise-8", "exercise-9"])
+    (10, forged_10, "tables effects, messages, transitions"),
+], ids=["exercise-1", "exercise-3", "exercise-4", "exercise-7", "exercise-8", "exercise-9",
+        "exercise-10"])
 def test_rows_written_with_own_sql_inside_the_queues_own_transaction_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], number: int,
         forge: Callable[[Path], tuple[Queue, tuple[object, ...]]], tables: str) -> None:

@@ -379,6 +379,7 @@ CHECKS: list[tuple[str, Callable[..., Verdict], tuple[Any, ...]]] = [
     ("check_5", exercises.check_5, ("SELECT 1",)),
     ("check_6", exercises.check_6, (b"bytes", "not a run")),
     ("check_8", exercises.check_8, (1.5, {"inserted": 0, "duplicates": 1})),
+    ("check_10", exercises.check_10, ({"priority": 9},)),
 ]
 
 
@@ -391,7 +392,7 @@ def test_a_check_given_garbage_prints_one_verdict_and_never_raises(
     one_verdict(capsys, verdict)
 
 
-@pytest.mark.parametrize("number", [1, 2, 3, 4, 6, 8])
+@pytest.mark.parametrize("number", [1, 2, 3, 4, 6, 8, 10])
 def test_a_not_attempted_verdict_says_where_to_begin(tmp_path: Path, number: int) -> None:
     queue = getattr(exercises, f"start_{number}")(tmp_path)
     verdict = getattr(exercises, f"check_{number}")(queue)
@@ -399,7 +400,7 @@ def test_a_not_attempted_verdict_says_where_to_begin(tmp_path: Path, number: int
     assert verdict.next_step and verdict.text == f"Not attempted yet: {verdict.next_step}"
 
 
-@pytest.mark.parametrize("number", [1, 2, 3, 4, 6, 8])
+@pytest.mark.parametrize("number", [1, 2, 3, 4, 6, 8, 10])
 def test_a_check_on_a_wrong_file_type_is_not_quite_and_leaves_the_file_alone(
         tmp_path: Path, number: int) -> None:
     other = tmp_path / "other.sqlite3"
@@ -503,7 +504,7 @@ def _number_word(n: int) -> str:
 
 # -- a work folder removed, a queue of another exercise ----------------------------------
 
-STARTS = range(1, 8)
+STARTS = [*range(1, 8), 10]
 
 
 def removed_folder() -> Path:
@@ -538,7 +539,7 @@ def test_a_start_given_no_folder_or_a_file_says_what_to_pass(tmp_path: Path, cap
         "`q3 = exercises.start_3(workdir)`"]
 
 
-@pytest.mark.parametrize("number", [1, 2, 3, 4, 6, 7])
+@pytest.mark.parametrize("number", [1, 2, 3, 4, 6, 7, 10])
 def test_a_check_of_a_queue_whose_folder_was_removed_says_to_run_the_first_cell_again(
         number: int, capsys) -> None:
     scratch = tempfile.TemporaryDirectory(prefix="queue-exercises-")
@@ -568,7 +569,8 @@ def test_the_workers_of_exercises_6_and_7_refuse_a_queue_whose_folder_was_remove
     assert not Path(scratch.name).exists()
 
 
-OTHER_QUEUE = [(3, 1), (1, 3), (2, 1), (4, 6), (6, 4), (7, 6), (1, 7), (8, 1), (1, 8)]
+OTHER_QUEUE = [(3, 1), (1, 3), (2, 1), (4, 6), (6, 4), (7, 6), (1, 7), (8, 1), (1, 8), (10, 9),
+               (9, 10), (10, 1)]
 
 
 @pytest.mark.parametrize("number, other", OTHER_QUEUE, ids=[f"check_{n}-given-q{o}"

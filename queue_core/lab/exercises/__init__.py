@@ -62,3 +62,9 @@ __all__ += ["check_8", "start_8"]
 from .lostconn import CutRun, check_9, run_after_cut_9, start_9  # noqa: E402
 
 __all__ += ["CutRun", "check_9", "run_after_cut_9", "start_9"]
+
+# Exercise 10 (an urgent message overtakes a backlog with a priority, and the backlog
+# still finishes).
+from .urgent import check_10, start_10  # noqa: E402
+
+__all__ += ["check_10", "start_10"]

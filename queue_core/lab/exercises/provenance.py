@@ -19,7 +19,10 @@ ACK's connection) is not ``Handler``'s, is signed with that handler's name,
 since what such a method writes cannot be told from the ACK's own rows. A
 worker process that a start's runner starts (exercise 6's naive worker)
 gets the key in its arguments and signs the same way, its steps as
-``naive step``; the exercise 7 consumers run in the kernel.
+``naive step``; the exercise 7 consumers run in the kernel. Each entry also
+notes the journal's last sequence number before and after it, so that a
+check can name a journal row that no call wrote (``journal_by_hand``: a
+claim forged by hand), and an enqueue's entry the priority it was given.
 
 A check then asks three things of the file it is given:
 
@@ -65,6 +68,7 @@ from typing import Any, Callable, Iterator
 
 from ...audit import CONTRAST_LEDGER
 from ...handler import Handler
+from ...priority import DEFAULT_PRIORITY
 from ...queue import Queue
 from ...sqlite import connect_readonly, read_transaction
 
@@ -93,9 +97,10 @@ class Witness:
 
     def sign(self, kind: str, before: str, after: str, **details: Any) -> None:
         """Append one signed entry: ``start``, ``call`` (``what``: the package's call,
-        ``events``: an enqueue's event ids, ``handler``: a handler of the caller's
-        own), ``sql`` (``tables``: what SQL of the caller's own changed) or
-        ``tampered``."""
+        ``events`` and ``priority``: an enqueue's event ids and the priority it was
+        given, ``handler``: a handler of the caller's own), ``sql`` (``tables``: what
+        SQL of the caller's own changed) or ``tampered``. ``journal`` is the journal's
+        last sequence number before and after (the rows between are the entry's)."""
         entry = {"kind": kind, "exercise": self.exercise, "nonce": self.nonce,
                  "before": before, "after": after, **details}
         line = json.dumps({**entry, "mac": _mac(self.key, entry)}, sort_keys=True)
@@ -169,13 +174,23 @@ def _rows(conn: sqlite3.Connection, table: str) -> Iterator[tuple[Any, ...]]:
     return iter(conn.execute(f'SELECT * FROM "{table}" ORDER BY {order}'))
 
 
+def journal_end(conn: sqlite3.Connection) -> int:
+    """The journal's last sequence number (0 while it is empty)."""
+    return conn.execute("SELECT coalesce(max(seq), 0) FROM transitions").fetchone()[0]
+
+
 def file_digest(path: str | os.PathLike[str]) -> str:
     """``content_digest`` of the file at ``path``, read as the engine reads: one read
     transaction on a read-only connection."""
+    return _file_state(path)[0]
+
+
+def _file_state(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """``content_digest`` and ``journal_end`` of the file at ``path``, in one read."""
     conn = connect_readonly(path)
     try:
         with read_transaction(conn):
-            return content_digest(conn)
+            return content_digest(conn), journal_end(conn)
     finally:
         conn.close()
 
@@ -209,17 +224,20 @@ class WitnessedQueue(Queue):
 
     def enqueue(self, batch: Any, **options: Any) -> Any:
         """``Queue.enqueue``, its transaction signed with the batch's event ids
-        (exercise 8 asks which event a replay after the prune carried)."""
+        (exercise 8 asks which event a replay after the prune carried) and the
+        priority it was given."""
         events = [getattr(event, "event_id", None) for event in getattr(batch, "events", ())]
-        with self._calling("enqueue", events=events):
+        priority = options.get("priority", DEFAULT_PRIORITY)  # exercise 10 asks which was given
+        with self._calling("enqueue", events=events, priority=priority):
             return super().enqueue(batch, **options)
 
     @contextmanager
     def _witnessed(self, inner: Any, call: dict[str, Any] | None) -> Iterator[sqlite3.Connection]:
         with inner as conn:
             before = content_digest(conn)  # under the write lock: nobody changes it meanwhile
+            begun = journal_end(conn)
             if before not in self.witness.signed():
-                self.witness.sign("tampered", before, before)
+                self.witness.sign("tampered", before, before, journal=[begun, begun])
             tables = table_digests(conn) if call is None else {}
             own: list[str] = []
             if call is not None:  # code the call runs back (a clock, effect_of) is not the call
@@ -229,14 +247,14 @@ class WitnessedQueue(Queue):
             finally:
                 if call is not None:
                     conn.set_trace_callback(None)
-            after = content_digest(conn)
+            after, journal = content_digest(conn), [begun, journal_end(conn)]
             if call is not None:
-                self.witness.sign("call", before, after, **call,
+                self.witness.sign("call", before, after, **call, journal=journal,
                                   **({"own_sql": sorted(set(own))} if own else {}))
                 return
             now = table_digests(conn)
             changed = sorted(t for t in set(tables) | set(now) if tables.get(t) != now.get(t))
-            self.witness.sign("sql", before, after, tables=changed)
+            self.witness.sign("sql", before, after, tables=changed, journal=journal)
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
@@ -342,8 +360,8 @@ def hand_out(queue: Queue, exercise: int) -> WitnessedQueue:
     hand out: a ``WitnessedQueue`` on the same file, clock and lease."""
     forget(queue.path)
     witness = Witness(os.path.abspath(record_path(queue.path)), exercise, secrets.token_hex(8))
-    digest = file_digest(queue.path)
-    witness.sign("start", digest, digest)
+    digest, end = _file_state(queue.path)
+    witness.sign("start", digest, digest, journal=[end, end])
     _STARTED[_key(queue.path)] = witness
     return WitnessedQueue(queue.path, witness=witness, clock=queue.clock,
                           lease_seconds=queue.lease_seconds, max_attempts=queue.max_attempts)
@@ -400,14 +418,7 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
                        f"`{mine}.transaction()` (it changed {_named(own)}): a transaction you "
                        "open yourself is not one of the package's calls, though it runs on "
                        f"{mine}", again)
-    inside = sorted({entry.get("what", "") for entry in entries
-                     if entry["kind"] == "call" and entry.get("own_sql")})
-    if inside:
-        calls = ", ".join(f"`{mine}.{what}()`" for what in inside)
-        return Refused("sql", f"SQL of your own ran inside {calls}: code that the call runs "
-                       f"back (a clock of your own, a handler's effect_of) wrote with {mine}'s "
-                       "connection within the call's own transaction, so what the call left "
-                       "cannot be told from the package's own work", again)
+    # a handler's own hook that wrote is named as the handler, not as the SQL it ran
     handlers = sorted({(entry["handler"], hook) for entry in entries if entry["kind"] == "call"
                        for hook in entry.get("hooks", ())})
     if handlers:
@@ -418,6 +429,14 @@ def provenance(path: str | os.PathLike[str], exercise: int, queue: Any) -> Refus
                        "it wrote there cannot be told from the package's own work",
                        f"run `start_{exercise}` again ({start}) and process with the course's "
                        "Handler (`Handler()`, or `Handler().supporting(...)`)")
+    inside = sorted({entry.get("what", "") for entry in entries
+                     if entry["kind"] == "call" and entry.get("own_sql")})
+    if inside:
+        calls = ", ".join(f"`{mine}.{what}()`" for what in inside)
+        return Refused("sql", f"SQL of your own ran inside {calls}: code that the call runs "
+                       f"back (a clock of your own, a handler's effect_of) wrote with {mine}'s "
+                       "connection within the call's own transaction, so what the call left "
+                       "cannot be told from the package's own work", again)
     if any(entry["kind"] == "tampered" for entry in entries):
         return Refused("tampered", f"{mine}'s file was changed around the package's calls "
                        f"before a later call on {mine} (SQL of your own, or a Queue of your own "
@@ -454,10 +473,40 @@ def handlers_used(path: str | os.PathLike[str]) -> list[str]:
                               if entry.get("kind") == "call" and "handler" in entry))
 
 
-def calls_made(path: str | os.PathLike[str]) -> list[str]:
-    """The names of the package's calls signed on the file at ``path`` since its start,
-    in order (a call that changed nothing included: a claim that found nothing due)."""
+def signed_calls(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The entries of the package's calls signed on the file at ``path`` since its
+    start, in order (a call that changed nothing included: a claim that found nothing
+    due)."""
     witness = _STARTED.get(_key(path))
-    entries = witness.entries() or [] if witness is not None else []
-    return [entry.get("what", "") for entry in entries
-            if entry.get("kind") == "call" and witness is not None and witness.genuine(entry)]
+    if witness is None:
+        return []
+    return [entry for entry in witness.entries() or ()
+            if entry.get("kind") == "call" and witness.genuine(entry)]
+
+
+def calls_made(path: str | os.PathLike[str]) -> list[str]:
+    """The names of the package's calls signed on the file at ``path`` since its start."""
+    return [entry.get("what", "") for entry in signed_calls(path)]
+
+
+def journal_by_hand(path: str | os.PathLike[str]) -> list[int]:
+    """The sequence numbers of the journal rows of the file at ``path`` that neither
+    its start nor a witnessed call of the package's wrote: rows written with SQL of
+    one's own (in ``transaction()`` too), from another connection, or by a queue of
+    one's own on the file. Empty when the file has no start's witness here."""
+    witness = _STARTED.get(_key(path))
+    entries = [entry for entry in witness.entries() or () if witness.genuine(entry)] \
+        if witness is not None else []
+    spans = [entry["journal"] for entry in entries
+             if entry.get("kind") in ("start", "call") and len(entry.get("journal", ())) == 2]
+    if not spans:
+        return []
+    conn = connect_readonly(path)
+    try:
+        with read_transaction(conn):
+            seqs = [row[0] for row in conn.execute("SELECT seq FROM transitions ORDER BY seq")]
+    finally:
+        conn.close()
+    start_end = spans[0][1]
+    return [seq for seq in seqs if seq > start_end
+            and not any(first < seq <= last for first, last in spans[1:])]
