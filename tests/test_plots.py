@@ -493,3 +493,68 @@ def test_the_two_figures_at_k_1_are_labelled_apart_inside_the_axes_in_the_order_
     assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1
                and not b.overlaps(legend) for b in boxes)
     assert all(t.get_fontsize() >= 10 for t in labels)
+
+
+# -- notebook 15: how long a message waits -------------------------------------------------
+
+def _priority_load(tmp_path: Any, rule: Any) -> tuple[Queue, list[Any]]:
+    from queue_core.lab.story import Load, play_load
+
+    queue = rule(tmp_path / f"{rule.__name__}.sqlite3", clock=ModelClock(1000),
+                 synchronous="NORMAL")
+    return queue, play_load(queue, Load(bulk=5, urgent_per_second=1, seconds=30, rate=1),
+                            sample_every=5)
+
+
+def test_the_wait_behind_figure_falls_one_a_claim_from_the_import_to_zero_at_the_claim(
+        tmp_path: Any) -> None:
+    from queue_core.lab.plots import ahead_over_time, plot_wait_behind
+    from queue_core.lab.story import Load, play_load
+
+    fifo = Queue(tmp_path / "fifo.sqlite3", clock=ModelClock(1000), synchronous="NORMAL")
+    play_load(fifo, Load(bulk=12, urgent_per_second=1, seconds=1, rate=1, urgent=0))
+    ahead = ahead_over_time(fifo.transitions(), "E1000")
+    assert ahead == {1000 + n: 12 - n for n in range(13)}
+    ax = plot_wait_behind(fifo.transitions(), "E1000", title="FIFO").axes[0]
+    line, claim = ax.lines
+    assert list(line.get_xdata()) == list(ahead) and list(line.get_ydata()) == list(ahead.values())
+    assert (list(claim.get_xdata()), list(claim.get_ydata())) == ([1012], [0])
+    assert [t.get_text() for t in ax.texts] == ["E1000 waited 12 s"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "messages still to be claimed before E1000", "E1000 claimed at t=1012"]
+    assert "model time (s)" == ax.get_xlabel() and ax.get_title() == "FIFO"
+
+
+def test_the_oldest_due_figure_draws_each_runs_samples_per_priority_and_its_bound(
+        tmp_path: Any) -> None:
+    import math
+
+    from queue_core.lab.plots import oldest_due, plot_oldest_due
+    from queue_core.lab.story import StrictPriority
+
+    _, strict = _priority_load(tmp_path, StrictPriority)
+    _, head = _priority_load(tmp_path, Queue)
+    fig = plot_oldest_due({"strict": strict, "head start": head}, {0: "bulk", 9: "refunds"},
+                          title="both", bounds={0: 30.0})
+    bulk, urgent = fig.axes
+    assert [ax.get_title(loc="left") for ax in fig.axes] == ["priority 0: bulk",
+                                                              "priority 9: refunds"]
+    for ax, priority in ((bulk, 0), (urgent, 9)):
+        runs = [line for line in ax.lines if line.get_label() in ("strict", "head start")]
+        for line, samples in zip(runs, (strict, head)):
+            ages = oldest_due(samples, priority)
+            assert list(line.get_xdata()) == list(ages)
+            drawn = list(line.get_ydata())
+            assert [a for a in drawn if not math.isnan(a)] == \
+                [a for a in ages.values() if not math.isnan(a)]
+            assert math.isnan(drawn[-1])  # at the end nothing is due: a gap, not an age of 0
+        assert "model s" in ax.get_ylabel()
+    # strict priority: the bulk orders' oldest age only grows while refunds arrive
+    strict_bulk = [a for a in oldest_due(strict, 0).values() if not math.isnan(a)]
+    assert strict_bulk == sorted(strict_bulk) and strict_bulk[-1] >= 30
+    assert {a for a in oldest_due(strict, 9).values() if not math.isnan(a)} == {0.0}
+    dashed = [line for line in bulk.lines if line.get_linestyle() == "--"]
+    assert len(dashed) == 1 and list(dashed[0].get_ydata()) == [30.0, 30.0]
+    assert "bound (wait_bound): 30 s" in [t.get_text() for t in bulk.get_legend().get_texts()]
+    assert not [line for line in urgent.lines if line.get_linestyle() == "--"]
+    assert bulk.get_ylim()[0] < 0 and urgent.get_xlabel() == "model time (s)"
