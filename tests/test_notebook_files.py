@@ -263,6 +263,12 @@ def readme_table(heading: str) -> list[str]:
     return [row.split("|")[1].strip().strip("`") for row in rows if row.startswith("|")]
 
 
+def test_the_chapters_are_numbered_from_00_without_a_gap_through_15() -> None:
+    numbers = [int(p.name[:2]) for p in CHAPTERS]
+    assert numbers == list(range(len(numbers))) and numbers[-1] >= 15
+    assert (NOTEBOOKS / "15_the_urgent_message_that_waits.ipynb") in CHAPTERS
+
+
 def test_the_readme_course_table_has_one_row_per_chapter_in_order() -> None:
     assert readme_table("## The course\n") == [p.stem for p in CHAPTERS]
 

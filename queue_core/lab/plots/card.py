@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 import queue_core
 from ... import ingest
+from ...priority import HEAD_START_SECONDS, HIGHEST, LOWEST
 from ...queue import Queue
 from ...views import QueueViews
 
@@ -92,23 +93,27 @@ ROWS: dict[str, Row] = {
     "enqueue": Row(
         "the whole batch in one write", "each id under the queue's rule (`id_rule`); a known id "
         "must come with the same canonical payload",
-        "new ids: a `ready` row each; repeats only counted (`EnqueueResult`)",
+        "new ids: a `ready` row each, of `priority` (the claim's head start); repeats only "
+        "counted (`EnqueueResult`), their stored priority kept",
         (("BatchConflict", ("batch_conflict",)), ("BatchRejected", ("invalid_event_id",))),
-        "nothing is written"),
+        f"nothing is written; `ValueError` for a priority outside {LOWEST}-{HIGHEST}"),
     "enqueue_file": Row(
         "as `enqueue`, after the whole file is validated (`read_batch`)",
         "each line a JSON object with exactly `event_id` (under the queue's rule: `E` + 4 digits "
         "in a course queue) and `payload` (an "
         "object); sizes and line count; then as `enqueue`", "as `enqueue`",
-        (("BatchRejected", rejection_codes()),), "nothing is written"),
+        (("BatchRejected", rejection_codes()),), "nothing is written; `ValueError` for a "
+        "priority, as `enqueue`"),
     "enqueue_jsonl": Row(
         "as `enqueue_file`, for text (`parse_batch`)", "as `enqueue_file`", "as `enqueue`",
         (("BatchRejected", tuple(c for c in rejection_codes() if c not in FILE_ONLY)),),
-        "nothing is written"),
+        "nothing is written; `ValueError` for a priority, as `enqueue`"),
     "claim": Row(
         "one write; on SQLite it commits without an fsync of its own (the next ACK's covers it)",
         "first recovers expired leases (back to `ready`, or `dead` once the budget is spent); "
-        "then the first `ready` row with `available_at <= now`",
+        "then, of the `ready` rows with `available_at <= now` (a priority never cuts a backoff "
+        f"short), the first in the claim's order: `available_at` less {HEAD_START_SECONDS} s per "
+        "step of priority, then event id",
         "`ready → leased`, `generation + 1`, `attempts + 1`, `lease_until = now + lease`",
         (), "none: `None` when nothing is due"),
     "claim_batch": Row("one write for up to `limit` claims", "as `claim`, for each",
@@ -162,15 +167,18 @@ ROWS: dict[str, Row] = {
         "the queue is one this version opens (`Queue`'s refusals); on PostgreSQL each step "
         "waits at most 5 s for the locks it needs",
         "the queue upgraded to this version's schema: each payload's digest, each done "
-        "message's finish time, the live index (`Migration`)",
+        "message's finish time, each message's priority (0), the live index in the claim's "
+        "order (`Migration`)",
         (("UnusableFile", ("not_a_queue", "schema_too_new", "not_a_database", "no_queue_file",
                            "migration_failed", "migration_blocked")),),
         "`migration_blocked` on PostgreSQL only, `migration_failed` when the copy would leave "
         "a row pointing at no message"),
-    "status": _read("counts per state, effects and money (`Status`)"),
+    "status": _read("counts per state, effects and money (`Status`); per priority too, once a "
+                    "message has one other than 0 (`priorities`)"),
     "metrics": _read("depth per state, age of the oldest due message, `next_due_at` (when the next "
                      "one becomes due), expired leases not yet noticed, attempts of each dead "
-                     "message (`Metrics`)"),
+                     "message (`Metrics`); depth and oldest due age per priority, once a message "
+                     "has one other than 0 (`priorities`)"),
     "message": Row("one read", "nothing", "one message's stored row (`Message`)", (UNKNOWN,)),
     "messages": _read("every stored message, by event id"),
     "effects": _read("every stored effect, by event id"),
