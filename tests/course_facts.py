@@ -157,6 +157,20 @@ def migrate_upgrades_each_schema_version_in_its_own_transaction() -> None:
     assert build_parser().parse_args(["migrate"]).command == "migrate"
 
 
+def a_priority_is_a_head_start_and_every_wait_has_a_bound() -> None:
+    from queue_core.priority import CLAIM_ORDER, HEAD_START_SECONDS, wait_bound
+    refund = '{"event_id": "E0009", "payload": {"category": "pen", "amount_cents": 900}}'
+    with fresh_queue() as (queue, clock):  # E0001 to E0003 at priority 0, due at 1000
+        clock.advance(HEAD_START_SECONDS * 9 - 1)  # the refund comes 8 min 59 s later
+        queue.enqueue_jsonl(refund, priority=9)
+        assert [queue.claim().event_id for _ in range(4)] == ["E0009", "E0001", "E0002", "E0003"]
+        assert queue.message("E0009").priority == 9 and queue.metrics().priorities
+    assert CLAIM_ORDER == "available_at - 60 * priority"
+    assert (wait_bound(0, 59, 1, 1), wait_bound(9, 60, 1, 1)) == (599, 60)
+    from queue_core.cli import build_parser
+    assert build_parser().parse_args(["enqueue", "--priority", "9", "f.jsonl"]).priority == 9
+
+
 FACTS = (
     Fact("A worker that needs longer keeps its lease with a heartbeat, `Queue.extend`, "
          "fenced like an ACK.",
@@ -219,6 +233,13 @@ FACTS = (
          (r"\bno migrations?\b", r"\bno (schema )?upgrade path\b",
           r"\bcannot (open|read) (a|the) (file|queue) of (the|an) (earlier|previous) release"),
          migrate_upgrades_each_schema_version_in_its_own_transaction),
+    Fact("A message has a priority from 0 to 9 (`priority=`, `enqueue --priority`): a head "
+         "start of 60 s per step in the claim's order, so that no wait exceeds "
+         "`priority.wait_bound` (notebook 15).",
+         (r"\bno daemon, no priorit", r"\bpriorities are not supported",
+          r"\b(the|this) (queue|package|library) (has|offers|supports) no priorit",
+          r"\bwithout priorities\b"),
+         a_priority_is_a_head_start_and_every_wait_has_a_bound),
 )
 
 
