@@ -17,7 +17,7 @@ from queue_core.lab.story.priorities import STRICT_DUE
 from queue_core.priority import CLAIM_ORDER, wait_bound
 from queue_core.transitions import DUE
 
-STREAM = Load(bulk=60, urgent_per_second=1, seconds=1200, rate=1)  # the chapter's stream
+STREAM = Load(bulk=60, urgent_per_second=1, seconds=900, rate=1)  # the chapter's stream
 RULES = {"head start": Queue, "strict priority": StrictPriority}
 
 
@@ -40,7 +40,7 @@ def test_in_fifo_order_the_refund_waits_for_the_whole_import_300_s(tmp_path: Pat
     assert status.priorities == {}  # every message at the default: nothing per priority
 
 
-@pytest.mark.parametrize("seconds", [600, 1200])
+@pytest.mark.parametrize("seconds", [600, 900])
 def test_strict_priority_starves_the_bulk_for_as_long_as_the_stream_lasts_the_head_start_does_not(
         tmp_path: Path, seconds: int) -> None:
     load = Load(bulk=60, urgent_per_second=1, seconds=seconds, rate=1)
