@@ -6,7 +6,7 @@ of ``HEAD_START_SECONDS`` per step: the claim takes due messages in the order
 of ``available_at - 60 * priority`` (``CLAIM_ORDER``), then by event id. A
 message of priority 9 that became due at 12:09 is taken before one of
 priority 0 that became due at 12:01, and after one of priority 0 that became
-due at 12:00.
+due at 11:59.
 
 Why a head start, and not strict priority: under strict priority a steady
 stream of urgent messages starves every other one, for as long as it lasts
