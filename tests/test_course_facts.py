@@ -188,13 +188,13 @@ def test_the_exercise_order_the_readme_and_09_give_is_the_chapters_each_exercise
     nine = ROOT / "notebooks" / "09_exercises.ipynb"
     linked = {int(n): int(chapter) for cell in cells(nine) for n, chapter in re.findall(
         r"^## Exercise (\d+):.*?· chapter \[(\d\d) ", source(cell), re.S | re.M)}
-    assert linked == {1: 1, 2: 1, 3: 4, 4: 3, 5: 6, 6: 2, 7: 12, 8: 13, 9: 14, 10: 6}
+    assert linked == {1: 1, 2: 1, 3: 4, 4: 3, 5: 6, 6: 2, 7: 12, 8: 13, 9: 14, 10: 15}
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert ("comes before the chapters that exercises 7, 8 and 9 need (12, 13 and 14). Do "
-            "exercises 1-6 and 10 (chapters 01-06) when you reach 09") in readme
+    assert ("comes before the chapters that exercises 7, 8, 9 and 10 need (12, 13, 14 and 15). "
+            "Do exercises 1-6 (chapters 01-06) when you reach 09") in readme
     said = " ".join(source(cells(nine)[0]).split())
-    assert ("Exercises 1-6 and 10 need only chapters 01-06: do them now. Exercises 7, 8 and 9 "
-            "need chapters 12, 13 and 14, which come after this notebook") in said
+    assert ("Exercises 1-6 need only chapters 01-06: do them now. Exercises 7, 8, 9 and 10 "
+            "need chapters 12, 13, 14 and 15, which come after this notebook") in said
 
 
 def test_the_command_line_quick_start_prints_what_its_comments_say(tmp_path: Path) -> None:
