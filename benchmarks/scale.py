@@ -80,6 +80,10 @@ class Plan:
     # A trial, not what the package does: the pruner also runs VACUUM messages on
     # PostgreSQL after every this many messages pruned (0: never; autovacuum only).
     vacuum_every: int = 0
+    # A trial of the server's own setting: the private server's autovacuum_naptime,
+    # in seconds (0: its default, a minute). The schema's storage parameters say
+    # when ``messages`` needs a vacuum; the naptime is how often autovacuum looks.
+    naptime: int = 0
 
 
 FULL = Plan(pg_events=1_000_000, pg_workers=(1, 2, 4, 8), sqlite_events=200_000,
@@ -340,12 +344,29 @@ def run(plan: Plan, say: Callable[[str], None], workdir: Path) -> dict[str, Any]
                 results["postgres_skipped"] = str(exc)
                 server = None
             if server is not None:
+                if plan.naptime:
+                    set_naptime(server, plan.naptime)
                 schemas = stack.enter_context(Schemas(server, "queue_scale"))
                 results["postgres"] = run_store("postgres", schemas.fresh("main"),
                                                 schemas.fresh("control"),
                                                 schemas.fresh("raw"), plan, say)
     results["seconds"] = time.perf_counter() - started
     return results
+
+
+def set_naptime(server: str, seconds: int) -> None:
+    """Set the private server's ``autovacuum_naptime`` (a trial: ``--naptime``); a
+    server that ``QUEUE_CORE_PG_DSN`` names is another's, and is never changed."""
+    import psycopg
+
+    from queue_core.lab.servers.postgres_server import DSN_VARIABLE
+
+    if os.environ.get(DSN_VARIABLE):
+        raise CheckFailed(f"--naptime changes a server's settings: only this run's private "
+                          f"server, never the one {DSN_VARIABLE} names")
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = {int(seconds)}")
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,10 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vacuum-every", type=int, default=0, metavar="N",
                         help="a trial: the pruner runs VACUUM messages on PostgreSQL after "
                              "every N messages pruned (the package never does)")
+    parser.add_argument("--naptime", type=int, default=0, metavar="S",
+                        help="a trial: the private PostgreSQL server's autovacuum_naptime, "
+                             "in seconds (its default is 60)")
     parser.add_argument("--png", default=str(HERE.parent / "build" / "scale.png"),
                         help="where the picture goes")
     args = parser.parse_args(argv)
     plan = replace(SMALL if args.ci else PLANS[args.scale], vacuum_every=args.vacuum_every,
+                   naptime=args.naptime,
                    postgres=args.only != "sqlite", sqlite=args.only != "postgres")
 
     def say(text: str) -> None:

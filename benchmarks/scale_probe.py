@@ -126,7 +126,7 @@ def claim_work(db: str, now: int) -> dict[str, int]:
 def _pg_buffers(db: str, now: int) -> dict[str, int]:
     import psycopg
 
-    reads = {"due": (DUE, (now, 1)), "expired": (EXPIRED_READ, (now,))}
+    reads = {"due": (DUE, (now, now, 1)), "expired": (EXPIRED_READ, (now,))}
     found: dict[str, int] = {}
     with psycopg.connect(db) as conn:  # a transaction, rolled back on leaving
         for name, (sql, params) in reads.items():
@@ -155,7 +155,7 @@ def _sqlite_steps(db: str, now: int) -> dict[str, int]:
     found: dict[str, int] = {}
     try:
         conn.execute("BEGIN")
-        for name, sql, params in (("due", DUE, (now, 1)), ("expired", EXPIRED, (now,))):
+        for name, sql, params in (("due", DUE, (now, now, 1)), ("expired", EXPIRED, (now,))):
             conn.execute(sql, params).fetchall()  # the statement prepared, the pages cached
             steps[0] = 0
             conn.set_progress_handler(count, 1)

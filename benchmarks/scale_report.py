@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +146,11 @@ def _store_lines(store: str, found: dict[str, Any]) -> list[str]:
     busy = [s for s in found["samples"] if s["ready"] > 0]
     if busy:
         lines.append(f"  the claim's reads over the run, {unit} per claim: due "
-                     f"{busy[0]['claim_due']} at the start, max "
+                     f"{busy[0]['claim_due']} at the start, median "
+                     f"{statistics.median(s['claim_due'] for s in busy):g}, max "
                      f"{max(s['claim_due'] for s in busy)}; expired leases "
-                     f"{busy[0]['claim_expired']} at the start, max "
+                     f"{busy[0]['claim_expired']} at the start, median "
+                     f"{statistics.median(s['claim_expired'] for s in busy):g}, max "
                      f"{max(s['claim_expired'] for s in busy)}")
     if ends is not None:
         lines.append(f"  in the last phase ({ends[0]['done']:,} -> {ends[1]['done']:,} events "
@@ -159,6 +162,11 @@ def _store_lines(store: str, found: dict[str, Any]) -> list[str]:
                      f"{ends[0]['vacuums']} -> {ends[1]['vacuums']}, messages_live index "
                      f"{ends[0]['live_index_pages']:,} -> {ends[1]['live_index_pages']:,} pages, "
                      f"HOT updates {ends[1]['hot_updates']:,} of {ends[1]['updates']:,}")
+        ready = [s for s in busy if not s["settled"]] or ends
+        lines.append(f"  messages, whole run: {found['samples'][-1]['vacuums']} vacuums; while "
+                     f"messages were ready, dead row versions not yet vacuumed median "
+                     f"{statistics.median(s['dead_tuples'] for s in ready):,.0f}, max "
+                     f"{max(s['dead_tuples'] for s in ready):,}")
     test = found.get("vacuum_test")
     if test:
         b, v = test["before"], test["after"]
@@ -201,6 +209,9 @@ def report(results: dict[str, Any], judged: dict[str, bool | None]) -> list[str]
     if results["plan"].get("vacuum_every"):
         lines.append(f"TRIAL, not the package's behaviour: the pruner ran VACUUM messages on "
                      f"PostgreSQL after every {results['plan']['vacuum_every']:,} messages pruned")
+    if results["plan"].get("naptime"):
+        lines.append(f"TRIAL of the server's setting: the private PostgreSQL server's "
+                     f"autovacuum_naptime was {results['plan']['naptime']} s (its default: 60 s)")
     for store in STORES:
         if results.get(store):
             lines += ["", *_store_lines(store, results[store])]

@@ -83,6 +83,35 @@ PRIORITY_COLUMN = ("priority integer NOT NULL DEFAULT 0 CONSTRAINT priority_rang
 ID_RULE_COLUMN = ("id_rule text NOT NULL DEFAULT 'course' CONSTRAINT id_rule_known "
                   "CHECK (id_rule IN ('course', 'general'))")
 
+# How autovacuum treats ``messages``: storage parameters of the table itself.
+# No UPDATE of a message is HOT (each changes an indexed column or the partial
+# indexes' condition), so every claim leaves its old version's entry at the head
+# of ``messages_live``'s ready range, where the next claim's read starts; an index
+# scan marks such an entry dead but still reads its page, and only a vacuum
+# removes it. By default autovacuum waits until a fifth of a table is dead, and
+# this table keeps every message's key for ever (prune drops only the payload and
+# the journal), so that wait, and the claim's read with it, would grow with every
+# message ever processed. Here:
+# - a vacuum once 1,000 row versions are dead (a few hundred messages done: its
+#   claim, its ACK and its prune each leave one), whatever the table's size;
+# - no cost-based pauses: the claims read what is left until the vacuum ends;
+# - the index pass always: PostgreSQL 14 and later skip it when fewer than 2 % of
+#   the heap's pages hold dead items (``vacuum_index_cleanup = auto``), which a
+#   small threshold on a large table meets, and would leave exactly the entries
+#   the claim reads.
+# Inserts alone leave no dead entry, so the insert-triggered vacuum keeps the
+# server's defaults. How often autovacuum looks at any table is the server's
+# ``autovacuum_naptime`` (a minute by default), which no table can shorten:
+# between two rounds the claim's read still grows with the messages processed
+# (README, "Where the guarantee ends"). Other PostgreSQL queues offer the same
+# tuning as an option, on tables that delete finished jobs: PgQueuer's
+# ``pgq autovac`` (threshold 1,000, scale factor 0.01, no cost delay), the pgmq
+# Ruby client's ``tune_autovacuum`` (threshold 50, scale factor 0.01); this
+# table keeps its rows, so no scale factor at all. The failure it holds off:
+# Brandur Leach, "Postgres Job Queues & Failure By MVCC" (brandur.org/postgres-queues).
+MESSAGES_VACUUM = ("autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, "
+                   "autovacuum_vacuum_cost_delay = 0, vacuum_index_cleanup = on")
+
 # The SQLite schema's meaning, constraint for constraint, in PostgreSQL's words.
 _SCHEMA = f"""
 CREATE TABLE messages (
@@ -107,7 +136,7 @@ CREATE TABLE messages (
     CONSTRAINT dead_has_reason CHECK (state <> 'dead' OR last_error IS NOT NULL),
     CONSTRAINT finished_at_iff_done CHECK ((state = 'done') = (finished_at IS NOT NULL)),
     CONSTRAINT pruned_only_when_done CHECK (payload IS NOT NULL OR state = 'done')
-);
+) WITH ({MESSAGES_VACUUM});
 {LIVE_INDEX_6};
 {LEASED_INDEX};
 CREATE TABLE effects (

@@ -33,6 +33,8 @@ SCHEMA3_ENGINE = "275fe7a"
 # The last release before the id rule (SQLite's schema 3, PostgreSQL's 5): it writes
 # PostgreSQL's schema 4, SQLite's 2, and knows only the course's ids.
 SCHEMA4_ENGINE = "e256d49"
+# The last release before priorities: it writes PostgreSQL's schema 5, SQLite's 3.
+SCHEMA5_ENGINE = "11541ae"
 
 # One state of every kind, written by the earlier engine on a model clock:
 # E0001 and E0003 done (E0003 at generation 2), E0002 dead, E0004 leased until
