@@ -2,9 +2,9 @@
 
 A queue's schema version is ``PRAGMA user_version`` in a SQLite file, the
 ``schema_version`` of ``queue_core_meta`` on PostgreSQL. Each store counts
-its own (``sqlite.SCHEMA_VERSION``, 3; ``postgres.SCHEMA_VERSION``, 5), and
+its own (``sqlite.SCHEMA_VERSION``, 4; ``postgres.SCHEMA_VERSION``, 6), and
 each step is one numbered module with a docstring saying what it changes and
-why (``sqlite/migrations/v0002.py`` ... ``postgres/migrations/v0005.py``):
+why (``sqlite/migrations/v0002.py`` ... ``postgres/migrations/v0006.py``):
 
 - SQLite 2, PostgreSQL 2: the same tables on both (the payload's digest, the
   finish time, one live index, ``compacted``);
@@ -13,7 +13,11 @@ why (``sqlite/migrations/v0002.py`` ... ``postgres/migrations/v0005.py``):
 - PostgreSQL 4: that function holds the payload to the digest kept from
   enqueue on, as the client's ACK does in Python;
 - SQLite 3, PostgreSQL 5: the rule the queue's event ids follow, recorded
-  (an existing queue becomes a ``course`` queue; no row is rewritten).
+  (an existing queue becomes a ``course`` queue; no row is rewritten);
+- SQLite 4, PostgreSQL 6: each message's priority, added in place with its
+  default, 0, for every message a queue holds (no row is rewritten), and the
+  live index built again in the claim's order; on PostgreSQL the step's
+  function is replaced by one that claims in that order.
 
 Each store's runner knows its list of steps and runs each in ONE transaction
 that reads the version again inside it:
@@ -40,10 +44,15 @@ again inside each write transaction (``sqlite.transaction``): a queue opened
 before the step writes at once after it, and a later engine's step is
 refused at the next transaction: a running SQLite worker of the release
 before the id rule stops with ``schema_too_new`` at its next transaction
-after the step to 3. PostgreSQL's steps from 2 to 3 and from 4 to 5 change
-no row a worker writes, and the step from 3 to 4 replaces the function a
-worker calls: a worker of the release before goes on across each, calling
-the new function from its next step.
+after the step to 3, and one of the release before priorities after the
+step to 4. PostgreSQL's steps from 2 to 3 and from 4 to 5 change no row a
+worker writes, and the steps from 3 to 4 and from 5 to 6 replace the
+function a worker calls: a worker of the release before goes on across
+each, calling the new function from its next step. Across the step to 6 its
+own statements stay sound: its enqueue leaves a new message at priority 0,
+and its own claim takes due messages in ``available_at`` order (a priority
+it ignores, never misreads), while its step, the new function, claims by
+priority.
 
 What a step does not change: the page size and the auto-vacuum mode of an
 existing SQLite file (only ``VACUUM`` can, rewriting the whole file). A file

@@ -45,7 +45,7 @@ def test_a_migration_killed_at_each_step_leaves_a_whole_version_and_the_same_mon
     assert case.exit_code == CRASH_EXIT_CODE and case.ok
     assert case.version == (2 if point == "migrate.after_commit" else 1)
     assert case.findings == () and case.money == case.money_after == 15000
-    assert dict(case.states) == STATES and case.version_after == 3
+    assert dict(case.states) == STATES and case.version_after == 4
     assert migration_frame([case]).loc[point, "audit"] == "clean"
 
 

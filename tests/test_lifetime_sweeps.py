@@ -39,15 +39,18 @@ def test_every_frame_prefix_of_a_migration_is_version_1_intact_or_a_later_one_co
     assert powerloss.violations == []
     for run in MIGRATIONS:
         images = [image for image in powerloss.images if image.run == run]
-        # one commit per step: 1 -> 2 (the rebuild), 2 -> 3 (the id rule recorded)
-        assert powerloss.commits[run] == 2 and powerloss.frames[run] >= 3
+        # one commit per step: 1 -> 2 (the rebuild), 2 -> 3 (the id rule recorded),
+        # 3 -> 4 (the priority added, the live index rebuilt in the claim's order)
+        assert powerloss.commits[run] == 3 and powerloss.frames[run] >= 4
         assert [image.frames for image in images] == list(range(powerloss.frames[run] + 1))
         # an image holds the version of the last commit whose frames it has, whole
-        kept = {0: "version 1 intact", 1: "version 2 complete", 2: "version 3 complete"}
+        kept = {0: "version 1 intact", 1: "version 2 complete", 2: "version 3 complete",
+                3: "version 4 complete"}
         assert [image.detail.split(";")[0] for image in images] == [
             kept[image.commits] for image in images]
-        assert (images[0].commits, images[-1].commits) == (0, 2)
-        assert images[-2].commits == 1  # the last frame is the second step's commit
+        assert (images[0].commits, images[-1].commits) == (0, 3)
+        assert images[-2].commits == 2  # the last frame is the third step's commit
+        assert {image.commits for image in images} == {0, 1, 2, 3}
         assert {image.detail.split("; ")[1] for image in images} == {
             "migrated and worked on: 17700"}
 

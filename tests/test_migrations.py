@@ -93,9 +93,10 @@ def test_migrate_upgrades_the_file_once_keeping_every_fact_and_its_page_size(
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["schema 1 -> 2: 5 messages rewritten",
                                         "schema 2 -> 3: 0 messages rewritten",
-                                        "queue.sqlite3 migrated from schema version 1 to 3"]
+                                        "schema 3 -> 4: 0 messages rewritten",
+                                        "queue.sqlite3 migrated from schema version 1 to 4"]
     after = audit.snapshot(db)
-    assert after.version == SCHEMA_VERSION == 3 and audit.check(after) == []
+    assert after.version == SCHEMA_VERSION == 4 and audit.check(after) == []
     assert after.messages == before.messages and after.journal == before.journal
     assert after.effect_rows == before.effect_rows and after.status == before.status
     assert {event_id: digest.hex()[:12] for event_id, digest in after.digests.items()} == {
@@ -115,7 +116,7 @@ def test_migrate_upgrades_the_file_once_keeping_every_fact_and_its_page_size(
     settled = folder_state(tmp_path)
     again = cli(db, "migrate")
     assert (again.returncode, again.stdout) == (
-        0, "queue.sqlite3 is already at schema version 3: nothing to do\n")
+        0, "queue.sqlite3 is already at schema version 4: nothing to do\n")
     assert folder_state(tmp_path) == settled
     # The migrated file works on: the expired lease recovered, both messages done once.
     work = cli(db, "--now", "2000", "work")
@@ -139,7 +140,7 @@ def test_the_earlier_engine_refuses_a_migrated_file_and_changes_nothing(
         done = previous_engine.cli(engines[commit], "--db", str(db), *command)
         assert done.returncode == 1, (command, done.stdout, done.stderr)
         assert done.stderr == ("error: schema_too_new: " + str(db) + " has queue schema "
-                               "version 3; this version of queue_core knows 1 (upgrade it)\n")
+                               "version 4; this version of queue_core knows 1 (upgrade it)\n")
         assert folder_state(tmp_path) == before
 
 
@@ -151,7 +152,7 @@ def test_a_running_worker_of_the_earlier_engine_is_refused_loudly_or_stays_corre
     digest fail the schema's constraints, and write nothing."""
     db = copy_of(commit, tmp_path)
     def migrate_now() -> None:  # the worker's session opened, and claimed, before it
-        assert migrate(db).steps == ((1, 5), (2, 0))
+        assert migrate(db).steps == ((1, 5), (2, 0), (3, 0))
 
     said = {line["step"]: line for line in worker_said(engines[commit], db, migrate_now)}
     assert said["claim"]["ok"] == ("Lease(event_id='E0005', generation=1, attempt=1, "
@@ -192,9 +193,10 @@ def test_two_migrators_started_at_once_apply_the_step_once(tmp_path: Path) -> No
         holder.close()
     outputs = sorted(run.communicate(timeout=120)[0] for run in runs)
     assert [run.returncode for run in runs] == [0, 0]
-    for step in ("schema 1 -> 2: 5 messages rewritten", "schema 2 -> 3: 0 messages rewritten"):
+    for step in ("schema 1 -> 2: 5 messages rewritten", "schema 2 -> 3: 0 messages rewritten",
+                 "schema 3 -> 4: 0 messages rewritten"):
         assert len([out for out in outputs if step in out]) == 1, outputs
-    assert audit.findings(db) == [] and audit.snapshot(db).version == 3
+    assert audit.findings(db) == [] and audit.snapshot(db).version == 4
 
 
 MIGRATION_POINTS = [point for point in LIFETIME_POINTS if point.startswith("migrate.")]
@@ -210,7 +212,7 @@ def test_a_migration_killed_at_each_point_leaves_version_1_intact_or_version_2_c
     snap = audit.snapshot(db)
     assert audit.check(snap) == [] and snap.version == (2 if point == "migrate.after_commit" else 1)
     assert snap.messages == before.messages and snap.money == 15000
-    assert migrate(db).to_version == 3 and audit.findings(db) == []
+    assert migrate(db).to_version == 4 and audit.findings(db) == []
 
 
 def test_writes_refused_before_migrate_raise_schema_too_old_in_python_too(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """Queues written by the release before PostgreSQL's schema 3, tested with its own code.
 
 The engine of 5e07019 writes schema 2 on both stores. A SQLite file of schema 2
-needs only the step to 3 (the id rule recorded, no row rewritten: PostgreSQL's
-versions 3 and 4 add only its step function), then works; that engine refuses
-the migrated file. A PostgreSQL schema of version 2 is read as it
+needs only the steps to 3 and 4 (the id rule recorded, the priority added, no
+row rewritten: PostgreSQL's versions 3 and 4 add only its step function), then
+works; that engine refuses the migrated file. A PostgreSQL schema of version 2 is read as it
 is, refused for writes until ``migrate`` adds the function (no message
 rewritten; schema 4 replaces that function), then worked by the step; a
 worker of that engine running while the steps commit goes on unchanged and
@@ -58,17 +58,17 @@ def finished(db: str) -> audit.Snapshot:
     return snap
 
 
-def test_a_sqlite_file_of_schema_2_needs_only_the_id_rule_step_and_works(
+def test_a_sqlite_file_of_schema_2_needs_only_the_id_rule_and_priority_steps_and_works(
         engine: Path, tmp_path: Path) -> None:
     db = written(engine, str(tmp_path / "queue.sqlite3"))
     snap = audit.snapshot(db)
     assert snap.version == 2 and audit.check(snap) == [] and snap.states() == STATES_BEFORE
 
-    assert migrate(db).steps == ((2, 0),)
+    assert migrate(db).steps == ((2, 0), (3, 0))
     finished(db)
     refused = previous_engine.cli(engine, "--db", db, "status", "--json")
     assert refused.returncode == 1
-    assert refused.stderr.startswith("error: schema_too_new: ") and "version 3" in refused.stderr
+    assert refused.stderr.startswith("error: schema_too_new: ") and "version 4" in refused.stderr
 
 
 def _functions(dsn: str) -> list[str]:
@@ -85,21 +85,21 @@ def test_a_postgresql_schema_of_version_2_is_refused_for_writes_then_migrated_by
     work = cli(db, "--now", "2000", "work")
     assert work.returncode == 1 and work.stdout == ""
     assert work.stderr.startswith("error: schema_too_old: ") and "schema version 2;" in work.stderr
-    assert "writes version 5: run `queue-core migrate` first" in work.stderr
+    assert "writes version 6: run `queue-core migrate` first" in work.stderr
 
     done = cli(db, "migrate")
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "schema 2 -> 3: 0 messages rewritten"
     after = audit.snapshot(db)
-    assert after.version == postgres.SCHEMA_VERSION == 5 and audit.check(after) == []
+    assert after.version == postgres.SCHEMA_VERSION == 6 and audit.check(after) == []
     assert (after.messages, after.journal, after.effect_rows, after.digests) == (
         before.messages, before.journal, before.effect_rows, before.digests)
     assert _functions(db) == ["queue_core_step"]
     finished(db)
     refused = previous_engine.cli(engine, "--db", db, "status")
     assert refused.returncode == 1
-    assert refused.stderr.startswith("error: schema_too_new: ") and "version 5" in refused.stderr
+    assert refused.stderr.startswith("error: schema_too_new: ") and "version 6" in refused.stderr
 
 
 # A worker of that engine whose session opened, and claimed, before the step commits.
@@ -113,7 +113,7 @@ def test_a_running_worker_of_that_engine_goes_on_unchanged_across_the_step(
     db = written(engine, pg_dsn)
 
     def step() -> None:
-        assert migrate(db).steps == ((2, 0), (3, 0), (4, 0))
+        assert migrate(db).steps == ((2, 0), (3, 0), (4, 0), (5, 0))
 
     said: dict[str, Any] = {line["step"]: line for line in
                             worker_said(engine, db, step, AFTER_STEP)}
@@ -122,7 +122,7 @@ def test_a_running_worker_of_that_engine_goes_on_unchanged_across_the_step(
     assert said["enqueue"]["ok"] == "EnqueueResult(inserted=1, duplicates=0)"
     assert said["work"]["ok"] == "['done']"  # E0009; E0004's lease is not yet over at 1020
     snap = audit.snapshot(db)
-    assert audit.check(snap) == [] and snap.version == 5 and snap.money == 15800
+    assert audit.check(snap) == [] and snap.version == 6 and snap.money == 15800
     drain(Queue(db, clock=ModelClock(2000)), Handler())
     snap = audit.snapshot(db)
     assert audit.check(snap) == [] and snap.money == 17800
@@ -138,5 +138,5 @@ def test_this_engine_refuses_to_write_a_version_2_schema_before_it_is_migrated(
     assert refused.value.code == "schema_too_old"
     assert audit.snapshot(db).states() == STATES_BEFORE
     queue.migrate()
-    assert queue.schema_version == 5
+    assert queue.schema_version == 6
     assert queue.claim() is not None

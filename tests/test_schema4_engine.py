@@ -3,7 +3,8 @@
 The engine of e256d49 writes SQLite's schema 2 and PostgreSQL's schema 4,
 and knows only the course's ids. The step to SQLite's 3 and PostgreSQL's 5
 records the rule a queue's ids follow; a queue it finds becomes a course
-queue, with no message, effect or journal row rewritten. On each store: a
+queue, with no message, effect or journal row rewritten (nor by the next
+step, which adds the priority: ``test_schema5_engine``). On each store: a
 queue of that version is read as it is and refused for writes until
 ``migrate``; the step is crash-swept at its four points; a worker of that
 engine running while the step commits is refused loudly (SQLite) or goes on
@@ -28,6 +29,7 @@ from queue_core import migrate, postgres, sqlite
 from queue_core.errors import IdRuleDiffers
 from queue_core.lab.lifetime.earlier import AFTER_MIGRATION, V1_STORY, worker_said
 from queue_core.lab.lifetime.migration import migrate_killed_at
+from queue_core.sqlite.schema import PRIORITY_COLUMN
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = previous_engine.SCHEMA4_ENGINE
@@ -35,6 +37,7 @@ STATES_BEFORE = {"E0001": "done", "E0002": "dead", "E0003": "done", "E0004": "le
                  "E0005": "ready"}
 STORY = V1_STORY.split("import sqlite3")[0]  # every state, 15000 of money
 OLD = {"sqlite": 2, "postgres": 4}
+STEP = {"sqlite": 3, "postgres": 5}  # the id rule's step; the priority's follows
 NEW = {"sqlite": sqlite.SCHEMA_VERSION, "postgres": postgres.SCHEMA_VERSION}
 MIGRATION_POINTS = ("migrate.after_begin", "migrate.after_copy", "migrate.before_commit",
                     "migrate.after_commit")
@@ -64,21 +67,35 @@ def cli(db: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def stored_rows(target: str) -> dict[str, Any]:
     """Every row of the three tables the step must not touch, and messages' own DDL or
-    row versions: a row rewritten would show in them."""
+    row versions: a row rewritten would show in them. The priority, which the next
+    step adds in place (``ALTER TABLE ... ADD COLUMN``), is left out: its column, and
+    the text SQLite adds to the table's DDL for it."""
+    tables = ("messages", "effects", "transitions")
     if target.startswith("postgresql://"):
         with psycopg.connect(target, autocommit=True) as conn:
-            return {table: conn.execute(f"SELECT ctid::text, t.* FROM {table} AS t "
-                                        "ORDER BY 1").fetchall()
-                    for table in ("messages", "effects", "transitions")}
+            return {table: conn.execute(f"SELECT ctid::text, {_columns(conn, table)} "
+                                        f"FROM {table} AS t ORDER BY 1").fetchall()
+                    for table in tables}
     conn = sqlite.connect_readonly(target)
     try:
-        rows = {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
-                for table in ("messages", "effects", "transitions")}
-        rows["ddl"] = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'"
-                                   ).fetchall()
+        rows = {table: conn.execute(f"SELECT {_columns(conn, table)} FROM {table} ORDER BY 1"
+                                    ).fetchall() for table in tables}
+        rows["ddl"] = [(text.replace(f" {PRIORITY_COLUMN},", "", 1),) for text, in conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'messages'")]
         return rows
     finally:
         conn.close()
+
+
+def _columns(conn: Any, table: str) -> str:
+    """The columns of ``table`` but the priority, in order."""
+    if isinstance(conn, sqlite3.Connection):
+        names = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+    else:
+        names = [row[0] for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = %s ORDER BY ordinal_position", (table,))]
+    return ", ".join(name for name in names if name != "priority")
 
 
 def test_that_engines_queue_is_refused_for_writes_then_migrated_without_a_row_rewritten(
@@ -94,8 +111,9 @@ def test_that_engines_queue_is_refused_for_writes_then_migrated_without_a_row_re
     done = cli(db, "migrate")
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"schema {OLD[store]} -> {NEW[store]}: " \
-                                          "0 messages rewritten"
+    assert done.stdout.splitlines()[:2] == [
+        f"schema {OLD[store]} -> {STEP[store]}: 0 messages rewritten",
+        f"schema {STEP[store]} -> {NEW[store]}: 0 messages rewritten"]
     after = audit.snapshot(db)
     assert after.version == NEW[store] and audit.check(after) == []
     assert (after.messages, after.journal, after.effect_rows, after.digests) == (
@@ -123,7 +141,7 @@ def test_the_step_killed_at_each_point_leaves_the_old_version_intact_or_the_new_
     assert child.returncode == CRASH_EXIT_CODE, child.stderr
     snap = audit.snapshot(db)
     committed = point == "migrate.after_commit"
-    assert audit.check(snap) == [] and snap.version == (NEW if committed else OLD)[store]
+    assert audit.check(snap) == [] and snap.version == (STEP if committed else OLD)[store]
     assert stored_rows(db) == rows and snap.messages == before.messages
     assert snap.money == 15000
     assert migrate(db).to_version == NEW[store] and audit.findings(db) == []
@@ -135,7 +153,7 @@ def test_a_running_worker_of_that_engine_is_refused_loudly_or_stays_correct(
     store, db = written
 
     def step() -> None:  # that worker's session opened, and claimed, before it commits
-        assert migrate(db).steps == ((OLD[store], 0),)
+        assert migrate(db).steps == ((OLD[store], 0), (STEP[store], 0))
 
     claimed, acked = worker_said(engine, db, step, AFTER_MIGRATION[:1])
     assert claimed["ok"].startswith("Lease(event_id='E0005'")
@@ -179,9 +197,12 @@ def test_a_sqlite_step_writes_the_same_schema_a_new_file_gets(
                              '"amount_cents": 1}}')
 
     def ddl(path: str) -> list[tuple[str, str]]:
+        # each run of white space as one: SQLite writes the column the step to 4
+        # appends (``ADD COLUMN``) on the line of the one before it
         conn = sqlite3.connect(path)
         try:
-            return conn.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall()
+            return [(name, text if text is None else " ".join(text.split())) for name, text in
+                    conn.execute("SELECT name, sql FROM sqlite_master ORDER BY name")]
         finally:
             conn.close()
 
