@@ -319,3 +319,74 @@ def test_a_prune_step_is_offered_only_in_the_scenario_that_asks_for_one(tmp_path
             world, _, _ = runner.apply(world, step)
         offered = runner.enabled(world, audit.snapshot(runner.path))
         assert offered and all(s.what not in ("prune", "enqueue again") for s in offered)
+
+
+# -- priorities: two of them and a retry, the claim's order checked at every claim ----------
+
+from queue_core import Queue  # noqa: E402
+from queue_core.lab.story.contrasts import Protocol  # noqa: E402
+from queue_core.lab.sweeps.order import PASSED_OVER  # noqa: E402
+from queue_core.lab.sweeps.schedule import PRIORITY  # noqa: E402
+from queue_core.priority import CLAIM_ORDER  # noqa: E402
+from queue_core.transitions import CLAIM, DUE, picking  # noqa: E402
+
+
+class ArrivalOrder(Queue):
+    """A claim that ignores priorities (``available_at``, then the event id, as every
+    release before them claimed): the order check must catch it."""
+
+    def __init__(self, *args: object, **options: object) -> None:
+        super().__init__(*args, **options)  # type: ignore[arg-type]
+        due = DUE.replace(f"ORDER BY {CLAIM_ORDER},", "ORDER BY available_at,", 1)
+        assert due != DUE
+        self._claim_sql = picking(CLAIM, due, self.store.picked)
+
+
+def test_every_schedule_of_two_priorities_and_a_retry_keeps_the_money_and_the_claims_order(
+        ) -> None:
+    run = explore("protocol", PRIORITY)
+
+    # every end: each event done once with its effect or dead with a reason, the
+    # money the done events' amounts, the audit clean; every claim: no due message
+    # with a smaller key passed over
+    assert run.violations == [] and run.shortest is None
+    assert (run.states, run.schedules, run.ends) == (4552, 76296460, 111)
+    assert str(PRIORITY) == ("2 workers x 2 events (E0002 failing once), 1 crash, "
+                             "3 clock jumps, 1 redrive, lease 2 s, E0002 of priority 9")
+
+
+def test_the_urgent_message_goes_first_and_its_retry_overtakes_the_one_that_waits() -> None:
+    enqueue, claims = Step("producer", "enqueue"), Step("W1", "claims")
+    waits = replay("protocol", PRIORITY, [enqueue, claims, Step("W1", "ACKs"), Step("W1", "fails"),
+                                          Step("W2", "claims"), Step("W2", "crashes"),
+                                          Step("clock", "jump", 1001), claims])
+    overtakes = replay("protocol", PRIORITY, [enqueue, claims, Step("W1", "ACKs"),
+                                              Step("W1", "fails"), Step("clock", "jump", 1001),
+                                              claims])
+
+    assert all(found == () for found in waits.findings + overtakes.findings)
+    assert waits.said[1] == "W1 claims E0002 (g1), lease until 1002"  # E0001 is first by id
+    # in its backoff the urgent message is not due: the one that waits goes
+    assert waits.said[3:5] == ("W1 reports the failure of E0002 (g1): retry",
+                               "W2 claims E0001 (g1), lease until 1002")
+    assert waits.said[-1] == "W1 claims E0002 (g2), lease until 1003"
+    # due again, it is keyed nine minutes early: before E0001, due since 1000
+    assert overtakes.said[-1] == "W1 claims E0002 (g2), lease until 1003"
+
+
+def test_the_order_check_catches_a_claim_that_ignores_priorities(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PROTOCOLS, "arrival order",
+                        Protocol("arrival order", ArrivalOrder, (), broken=True))
+    scenario = replace(PRIORITY, crashes=0, jumps=1, redrives=0)
+
+    run = explore("arrival order", scenario)
+    again = replay("arrival order", scenario, run.shortest.schedule)
+
+    assert [str(step) for step in run.shortest.schedule] == [
+        "the producer enqueues the events", "W1 claims"]
+    assert run.shortest.findings == (
+        f"{PASSED_OVER}: E0001 (key 1000) claimed at 1000 while E0002 (key 460, priority 9) "
+        "was due",)
+    assert again.findings[-1] == run.shortest.findings and again.money == 0
+    assert explore("protocol", scenario).violations == []

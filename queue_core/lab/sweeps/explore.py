@@ -21,7 +21,10 @@ transactions, a schedule has two more kinds of step:
   processes), so crashes between steps cover every crash point.
 
 The scenario, the steps and the workers, each stepped one transaction at a
-time, are ``queue_core.lab.sweeps.schedule``.
+time, are ``queue_core.lab.sweeps.schedule``. Besides the audit, every step
+that claims is checked against the claim's order (``order.passed_over``: no
+due message with a smaller key passed over), which the priorities of a
+scenario such as ``PRIORITY`` put to the test.
 
 Depth first, every schedule is run; between branches the database file is
 restored from its image (the bytes of the file: every step closes its
@@ -51,12 +54,13 @@ from ... import audit
 from ...values import Lease, State
 from ..story.contrasts import PROTOCOLS, Protocol
 from ..plots.timeline import FIG_WIDTH, Mark
-from .schedule import (DEFAULT, FINISH, IDLE, PRUNE, SMALL, SPLIT, Runner, Scenario, Step, World,
-                       held)
+from .order import last_seq, passed_over
+from .schedule import (DEFAULT, FINISH, IDLE, PRIORITY, PRUNE, SMALL, SPLIT, Runner, Scenario,
+                       Step, World, held)
 
-__all__ = ["DEFAULT", "FINISH", "IDLE", "PRUNE", "SMALL", "SPLIT", "Exploration", "Runner", "Scenario",
-           "Step", "Violation", "World", "broken_promise", "explore", "explore_all", "held",
-           "plot_state_space", "replay", "state_key"]
+__all__ = ["DEFAULT", "FINISH", "IDLE", "PRIORITY", "PRUNE", "SMALL", "SPLIT", "Exploration",
+           "Runner", "Scenario", "Step", "Violation", "World", "broken_promise", "explore",
+           "explore_all", "held", "plot_state_space", "replay", "state_key"]
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -95,6 +99,12 @@ def state_key(snap: audit.Snapshot, world: World) -> tuple[Any, ...]:
     """What decides the future: stored rows, clock, workers, budgets (not the journal)."""
     rows = tuple(sorted((r.table, r.event_id, r.category, r.amount_cents) for r in snap.effect_rows))
     return (tuple(snap.messages.values()), rows, world)
+
+
+def findings_after(before: audit.Snapshot, after: audit.Snapshot) -> list[str]:
+    """What is wrong after one step: the audit's findings, and any claim of the step
+    that passed over a due message with a smaller key (``order.passed_over``)."""
+    return [str(f) for f in audit.check(after)] + passed_over(after, last_seq(before))
 
 
 def broken_promise(snap: audit.Snapshot, scenario: Scenario) -> list[str]:
@@ -145,9 +155,9 @@ class _Search:
             self.result.states += not self.result.merged
             child_image = runner.image()
             child_snap = snap if child_image == image else audit.snapshot(runner.path)
-            found = audit.check(child_snap)
+            found = findings_after(snap, child_snap)
             if found:
-                self._violate(node, step, [str(f) for f in found], child_snap)
+                self._violate(node, step, found, child_snap)
                 paths[1] += 1
                 below += 1
                 continue
@@ -321,7 +331,7 @@ def replay(protocol: str, scenario: Scenario, schedule: tuple[Step, ...] | list[
             after = audit.snapshot(runner.path)
             found = audit.check(after)
             said.append(text)
-            findings.append(tuple(str(f) for f in found))
+            findings.append(tuple(findings_after(snap, after)))
             new = [name for name in dict.fromkeys(f.name for f in found)
                    if name not in caught_before]
             caught_before = {f.name for f in found}

@@ -48,7 +48,10 @@ class Scenario:
     transaction); without it they ACK, then claim, in two. ``prunes`` bounds
     the cleaner's prunes (``Queue.prune(0)``: every done message so far) and
     ``duplicates`` the producer's late enqueues of the same events again;
-    both are 0 unless a scenario asks for them (``PRUNE``).
+    both are 0 unless a scenario asks for them (``PRUNE``). ``priorities``
+    gives events a priority other than the default, 0 (``PRIORITY``): the
+    producer's enqueue is then one batch per priority, in the same step
+    (nothing else can happen before the events are enqueued).
     """
 
     events: tuple[tuple[str, str, int], ...]
@@ -63,10 +66,26 @@ class Scenario:
     fused: bool = True
     prunes: int = 0
     duplicates: int = 0
+    priorities: tuple[tuple[str, int], ...] = ()
 
-    def jsonl(self) -> str:
+    def jsonl(self, priority: int | None = None) -> str:
+        """The events as JSONL: all, or those of ``priority``."""
+        given = dict(self.priorities)
         return "".join(f'{{"event_id": "{e}", "payload": {{"category": "{c}", '
-                       f'"amount_cents": {a}}}}}\n' for e, c, a in self.events)
+                       f'"amount_cents": {a}}}}}\n' for e, c, a in self.events
+                       if priority is None or given.get(e, 0) == priority)
+
+    def enqueue(self, queue: Queue) -> tuple[int, int]:
+        """Enqueue the events, a batch per priority; ``(inserted, duplicates)``."""
+        if not self.priorities:
+            result = queue.enqueue_jsonl(self.jsonl())
+            return result.inserted, result.duplicates
+        inserted = duplicates = 0
+        for priority in sorted({0, *dict(self.priorities).values()}):
+            if text := self.jsonl(priority):
+                result = queue.enqueue_jsonl(text, priority=priority)
+                inserted, duplicates = inserted + result.inserted, duplicates + result.duplicates
+        return inserted, duplicates
 
     def handler(self) -> FlakyHandler:
         return FlakyHandler(first_attempt=self.transient)
@@ -79,7 +98,8 @@ class Scenario:
                 + ("" if self.fused else ", ACK and claim in two transactions")
                 + (f", {_count(self.prunes, 'prune')}" if self.prunes else "")
                 + (f", {_count(self.duplicates, 'late duplicate enqueue')}"
-                   if self.duplicates else ""))
+                   if self.duplicates else "")
+                + "".join(f", {e} of priority {p}" for e, p in self.priorities))
 
 
 def _count(n: int, noun: str) -> str:
@@ -94,6 +114,10 @@ SMALL = Scenario(events=(("E0001", "book", 10000),), transient=("E0001",), jumps
 # finished the message, which may then be pruned before the stale one wakes up).
 PRUNE = Scenario(events=(("E0001", "book", 10000), ("E0002", "pen", 2000)),
                  crashes=0, jumps=2, redrives=0, prunes=1, duplicates=1)
+# Two priorities and a retry: the urgent E0002 (enqueued with E0001, after it in
+# event id order) is claimed first, fails once, and is due again a second later,
+# ahead of E0001 if E0001 still waits; a crash, clock jumps and a redrive besides.
+PRIORITY = replace(DEFAULT, priorities=(("E0002", 9),))
 
 
 @dataclass(frozen=True)
@@ -182,12 +206,12 @@ class Runner:
         rejected ACK, a crash, a write to the contrasts' ledger): then a plot marks it."""
         self.clock.set(world.now)
         if step.what == "enqueue":
-            self.queue.enqueue_jsonl(self.scenario.jsonl())
+            self.scenario.enqueue(self.queue)
             return replace(world, enqueued=True), str(step), False
         if step.what == "enqueue again":
-            result = self.queue.enqueue_jsonl(self.scenario.jsonl())
+            inserted, duplicates = self.scenario.enqueue(self.queue)
             return (replace(world, duplicates=world.duplicates - 1),
-                    f"{step}: {result.inserted} new, {result.duplicates} duplicates", False)
+                    f"{step}: {inserted} new, {duplicates} duplicates", False)
         if step.what == "prune":
             pruned = self.queue.prune(0)
             return (replace(world, prunes=world.prunes - 1),
