@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 from queue_core.lab.sweeps.network import FAULTS, STEPS, NetRow, run_network_sweep
-from queue_core.lab.sweeps.sweep import EXPECTED_DEAD, EXPECTED_DONE, EXPECTED_TOTAL
+from queue_core.lab.sweeps.sweep import (EXPECTED_DEAD, EXPECTED_DONE, EXPECTED_TOTAL,
+                                         MIXED_PRIORITIES)
 
 FINAL_STATES = (("ready", 0), ("leased", 0), ("done", len(EXPECTED_DONE)),
                 ("dead", len(EXPECTED_DEAD)))
@@ -24,10 +25,18 @@ def protocol_rows(pg_server: str) -> list[NetRow]:
     return run_network_sweep(pg_server, ["protocol"])
 
 
+@pytest.fixture(scope="module")
+def mixed_rows(pg_server: str) -> list[NetRow]:
+    """The same sweep, the events enqueued with mixed priorities (E0001 still first)."""
+    return run_network_sweep(pg_server, ["protocol"], priorities=MIXED_PRIORITIES)
+
+
 @pytest.mark.parametrize("step", list(STEPS))
+@pytest.mark.parametrize("rows_of", ["protocol_rows", "mixed_rows"],
+                         ids=["one priority", "mixed priorities"])
 def test_the_protocol_finishes_every_message_once_whichever_step_loses_the_network(
-        protocol_rows: list[NetRow], step: str) -> None:
-    rows = [row for row in protocol_rows if row.step == step]
+        request: pytest.FixtureRequest, rows_of: str, step: str) -> None:
+    rows = [row for row in request.getfixturevalue(rows_of) if row.step == step]
 
     assert [row.fault for row in rows] == list(FAULTS)
     for row in rows:
@@ -37,9 +46,11 @@ def test_the_protocol_finishes_every_message_once_whichever_step_loses_the_netwo
         assert row.worker == ("finished" if row.fault == "delay" else "connection_lost"), row
 
 
+@pytest.mark.parametrize("rows_of", ["protocol_rows", "mixed_rows"],
+                         ids=["one priority", "mixed priorities"])
 def test_the_commit_whose_outcome_is_unknown_is_settled_either_way(
-        protocol_rows: list[NetRow]) -> None:
-    cases = {(row.step, row.fault): row.first_ack for row in protocol_rows}
+        request: pytest.FixtureRequest, rows_of: str) -> None:
+    cases = {(row.step, row.fault): row.first_ack for row in request.getfixturevalue(rows_of)}
 
     for fault in ("cut", "reset", "blackhole"):
         # the server committed, the worker never heard: done with its effect, once

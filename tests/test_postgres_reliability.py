@@ -23,15 +23,17 @@ from conftest import ROOT
 from queue_core import ModelClock, Queue, audit
 from queue_core.crashpoints import INSIDE_THE_SERVER_STEP, PROTOCOL_POINTS
 from queue_core.lab.sweeps.stress import run_stress, stress_batch
-from queue_core.lab.sweeps.sweep import EXPECTED_TOTAL, SCHEDULES, run_sweep
+from queue_core.lab.sweeps.sweep import EXPECTED_TOTAL, MIXED_PRIORITIES, SCHEDULES, run_sweep
 
 STRESS_WORKERS, STRESS_EVENTS = 4, 1000
 RESTART_EVENTS, LEASE = 3000, 30
 
 
+@pytest.mark.parametrize("priorities", [None, MIXED_PRIORITIES],
+                         ids=["one priority", "mixed priorities"])
 def test_a_worker_killed_at_every_crash_point_on_postgresql_leaves_every_effect_exactly_once(
-        pg_server: str) -> None:
-    rows = run_sweep(["protocol"], db=pg_server)
+        pg_server: str, priorities: dict[str, int] | None) -> None:
+    rows = run_sweep(["protocol"], db=pg_server, priorities=priorities)
 
     reached = {r.step: (r.outcome, r.total, r.detail.rsplit("; ", 1)[-1])
                for r in rows if r.outcome != "n/a"}

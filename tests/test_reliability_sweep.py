@@ -16,9 +16,10 @@ from queue_core import ModelClock, Queue
 from queue_core.lab.story.child import run_child
 from queue_core.crashpoints import POINTS, arm, armed
 from queue_core.lab.story.contrasts import PROTOCOLS, REAL
-from queue_core.lab.sweeps.sweep import (BATCH, EXPECTED_TOTAL, LEASE_SECONDS, START, STEPS, SweepRow,
-                              audit, current_handler, plot_sweep, run_sweep, run_to_completion,
-                              sweep_frame)
+from queue_core.lab.sweeps.sweep import (BATCH, EXPECTED_TOTAL, LEASE_SECONDS, MIXED_PRIORITIES,
+                                         START, STEPS, SweepRow, audit, current_handler,
+                                         enqueue_batch, plot_sweep, run_sweep, run_to_completion,
+                                         sweep_frame)
 
 from conftest import ROOT, read_back
 
@@ -196,3 +197,42 @@ def test_each_outcome_written_in_the_sweep_picture_fits_inside_its_cell(sweep):
         "lost money", "doubled money", "stale ACK accepted"}
     assert all(t.get_window_extent(renderer).width < cell_width for t in written)
     plt.close(fig)
+
+
+# -- mixed priorities: the same events, claimed in another order -------------------------------
+
+def claim_order(db: Path, priorities: dict[str, int] | None) -> list[str]:
+    """The events as a worker claims them, from the journal, once run to completion."""
+    clock = ModelClock(START)
+    queue = Queue(db, clock=clock, lease_seconds=LEASE_SECONDS)
+    enqueue_batch(queue, priorities)
+    assert run_to_completion(queue, clock, current_handler())
+    assert audit(db) == ("ok", EXPECTED_TOTAL, f"every effect once: {EXPECTED_TOTAL}")
+    return [row[0] for row in read_back(db, "SELECT event_id FROM transitions "
+                                            "WHERE reason = 'claimed' ORDER BY seq")]
+
+
+def test_the_mixed_priorities_store_each_priority_and_change_the_order_of_the_claims(
+        tmp_path: Path):
+    assert claim_order(tmp_path / "one.sqlite3", None) == [
+        "E0001", "E0002", "E0003", "E0004", "E0005", "E0003"]
+    mixed = tmp_path / "mixed.sqlite3"
+    assert claim_order(mixed, MIXED_PRIORITIES) == [
+        "E0001", "E0003", "E0004", "E0002", "E0005", "E0003"]
+    assert dict(read_back(mixed, "SELECT event_id, priority FROM messages")) == {
+        "E0001": 9, "E0002": 0, "E0003": 4, "E0004": 2, "E0005": 0}
+
+
+def test_with_mixed_priorities_every_protocol_meets_every_step_as_with_one(sweep, tmp_path: Path):
+    rows = run_sweep(workdir=tmp_path, priorities=MIXED_PRIORITIES)
+
+    mixed = {(r.protocol, r.step): r for r in rows}
+    protocol = {step: r.outcome for (name, step), r in mixed.items() if name == "protocol"}
+    assert protocol == {step: ("n/a" if step == "complete.between_transactions" else "ok")
+                        for step in STEPS}
+    assert {r.total for (name, _), r in mixed.items() if name == "protocol" and
+            r.outcome == "ok"} == {EXPECTED_TOTAL}
+    assert "slow worker: lost stale_generation" in mixed["protocol", "stale.fail"].detail
+    # each broken contrast is caught where, and as, it is with one priority
+    assert {cell: (r.outcome, r.total) for cell, r in mixed.items()} == {
+        cell: (r.outcome, r.total) for cell, r in sweep.items()}

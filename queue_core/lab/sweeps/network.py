@@ -31,7 +31,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from ... import audit as ledger_audit
 from ...clock import ModelClock
@@ -41,7 +41,7 @@ from ..servers.pgcases import Schemas
 from ..story.child import LOST_EXIT_CODE, run_child
 from ..story.contrasts import NETWORK_PROTOCOLS, PROTOCOLS, create_ledger, protocol
 from ..story.scenario import LEASE_SECONDS, START
-from .sweep import (ACCEPT, BATCH, FAULTS as SWEEP_FAULTS, classify, current_handler,
+from .sweep import (ACCEPT, FAULTS as SWEEP_FAULTS, classify, current_handler, enqueue_batch,
                     run_to_completion)
 
 if TYPE_CHECKING:
@@ -102,25 +102,28 @@ class NetRow:
 
 def run_network_sweep(server: str, protocols: Iterable[str] = PROTOCOL_NAMES,
                       steps: Sequence[str] = tuple(STEPS), faults: Sequence[str] = FAULTS, *,
-                      jobs: int = 2) -> list[NetRow]:
+                      jobs: int = 2, priorities: Mapping[str, int] | None = None
+                      ) -> list[NetRow]:
     """Every step times every fault, per protocol, on ``server`` (a
-    ``postgresql://`` string): a schema per case, dropped at the end."""
+    ``postgresql://`` string): a schema per case, dropped at the end. With
+    ``priorities`` the events are enqueued with them (``sweep.enqueue_batch``)."""
     for name in steps:
         if name not in STEPS:
             raise ValueError(f"unknown step {name!r}; known: {', '.join(STEPS)}")
     cases = [(protocol(p).name, s, f) for p in protocols for s in steps for f in faults]
     with Schemas(server, "queue_net") as schemas, ThreadPoolExecutor(max(1, jobs)) as pool:
         places = [schemas.fresh(f"{p[:6]}_{s}_{f}") for p, s, f in cases]
-        return list(pool.map(lambda case: run_case(server, *case[0], case[1]),
+        return list(pool.map(lambda case: run_case(server, *case[0], case[1], priorities),
                              zip(cases, places)))
 
 
-def run_case(server: str, name: str, step: str, fault: str, db: str) -> NetRow:
+def run_case(server: str, name: str, step: str, fault: str, db: str,
+             priorities: Mapping[str, int] | None = None) -> NetRow:
     """One case on the empty schema ``db``: set up, break, recover, audit."""
     proto = protocol(name)
     setup = proto.open(db, clock=ModelClock(START), lease_seconds=LEASE_SECONDS,
                        synchronous="NORMAL")
-    setup.enqueue_jsonl(BATCH)
+    enqueue_batch(setup, priorities)
     create_ledger(setup)
     seconds = {"blackhole": BLACKHOLE_SECONDS, "delay": DELAY_SECONDS}.get(fault, 0.0)
     with FaultProxy(server, Fault(fault, seconds=seconds, **STEPS[step]),  # type: ignore[arg-type]

@@ -22,6 +22,10 @@ its effect is missing); ``doubled money`` (an effect written twice);
 money is right, but a worker whose lease had expired finished the message);
 ``not reached`` (the armed worker never arrived at the point: a sweep bug).
 
+With ``priorities`` (event id -> priority, e.g. ``MIXED_PRIORITIES``) the five
+events are enqueued a batch per priority, so that the workers claim them in
+another order; the promise is the same.
+
 On PostgreSQL (``run_sweep(db="postgresql://...")``) every case runs in a
 schema of its own on that server, created for it and dropped at the end;
 all four protocols run there (the contrasts create their ledger in
@@ -32,6 +36,7 @@ process died.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -39,7 +44,7 @@ import textwrap
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ... import audit as ledger_audit
 from ...clock import ModelClock
@@ -73,6 +78,10 @@ FAULTS = {"first_attempt": ["E0003"]}  # E0003's first attempt fails transiently
 SCHEDULES = ("stale.ack", "stale.fail")
 STEPS = POINTS + SCHEDULES
 MAX_ROUNDS = 30
+# The sweeps' events with mixed priorities (the others 0): E0001 stays the first
+# claimed (the stale schedules and the network sweep follow it), then E0003 (which
+# fails once, and keeps its priority for the retry), E0004, and E0002 and E0005 last.
+MIXED_PRIORITIES = {"E0001": 9, "E0003": 4, "E0004": 2}
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,8 @@ def current_handler() -> Handler:
 
 def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] = STEPS, *,
               workdir: str | os.PathLike[str] | None = None, jobs: int = 2,
-              crash_after: int = 1, db: str | None = None) -> list[SweepRow]:
+              crash_after: int = 1, db: str | None = None,
+              priorities: Mapping[str, int] | None = None) -> list[SweepRow]:
     """Run every step against every protocol; one ``SweepRow`` each, in order.
 
     A step a protocol never passes through is ``n/a`` without running.
@@ -107,10 +117,11 @@ def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] 
     lands on later messages (a retry, a permanent failure), and a point
     reached fewer times is ``n/a``. ``db``, a ``postgresql://`` connection
     string, runs every case on that server in a fresh schema (created here,
-    dropped at the end) instead of a fresh file in ``workdir``.
+    dropped at the end) instead of a fresh file in ``workdir``. ``priorities``
+    enqueues the events with those priorities (``enqueue_batch``).
     """
     with tempfile.TemporaryDirectory(prefix="sweep-", dir=workdir) as tmp, \
-            _Places(Path(tmp), db) as places:
+            _Places(Path(tmp), db, priorities or {}) as places:
         cases = [(PROTOCOLS[name], step) for name in protocols for step in steps]
         results: dict[tuple[str, str], SweepRow] = {}
         store = "sqlite" if db is None else "postgres"
@@ -132,8 +143,8 @@ def run_sweep(protocols: Iterable[str] = tuple(PROTOCOLS), steps: Sequence[str] 
 class _Places:
     """Where each case's queue lives: a new file in ``tmp``, or a new schema on ``server``."""
 
-    def __init__(self, tmp: Path, server: str | None) -> None:
-        self.tmp = tmp
+    def __init__(self, tmp: Path, server: str | None, priorities: Mapping[str, int]) -> None:
+        self.tmp, self.priorities = tmp, priorities
         self.schemas = None if server is None else Schemas(server, "queue_sweep")
 
     def new(self, label: str) -> str:
@@ -160,9 +171,23 @@ def _queue(proto: Protocol, db: str, clock: ModelClock) -> Queue:
 def _fresh(places: _Places, proto: Protocol, step: str) -> str:
     db = places.new(f"{proto.name.replace(' ', '_')}-{step}")
     queue = _queue(proto, db, ModelClock(START))
-    queue.enqueue_jsonl(BATCH)
+    enqueue_batch(queue, places.priorities)
     create_ledger(queue)  # every file has one, so every file is read alike
     return db
+
+
+def enqueue_batch(queue: Queue, priorities: Mapping[str, int] | None = None) -> None:
+    """Enqueue ``BATCH``: in one transaction, or, with ``priorities`` (event id ->
+    priority, the others 0), a batch per priority, the highest first."""
+    if not priorities:
+        queue.enqueue_jsonl(BATCH)
+        return
+    lines = BATCH.splitlines(keepends=True)
+    for priority in sorted({0, *priorities.values()}, reverse=True):
+        batch = "".join(line for line in lines
+                        if priorities.get(json.loads(line)["event_id"], 0) == priority)
+        if batch:
+            queue.enqueue_jsonl(batch, priority=priority)
 
 
 def _crash_cases(cases: Sequence[tuple[Protocol, str]], places: _Places, jobs: int,
