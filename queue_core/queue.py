@@ -253,16 +253,15 @@ class Queue(QueueAcks, QueueViews):
                      priority: int = DEFAULT_PRIORITY) -> EnqueueResult:
         """Validate a JSONL file whole, then ``enqueue`` it (codes: see ``ingest``)."""
         require_priority(priority)
-        batch = read_batch(path, ids=self.id_rule)
-        if priority == DEFAULT_PRIORITY:  # as before priorities: a subclass's own
-            return self.enqueue(batch)    # ``enqueue(batch)`` is still called
-        return self.enqueue(batch, priority=priority)
+        return self._enqueue_at(read_batch(path, ids=self.id_rule), priority)
 
     def enqueue_jsonl(self, text: str | bytes, *,
                       priority: int = DEFAULT_PRIORITY) -> EnqueueResult:
         """Validate JSONL text whole, then ``enqueue`` it (codes: see ``ingest``)."""
         require_priority(priority)
-        batch = parse_batch(text, ids=self.id_rule)
+        return self._enqueue_at(parse_batch(text, ids=self.id_rule), priority)
+
+    def _enqueue_at(self, batch: Batch, priority: int) -> EnqueueResult:
         if priority == DEFAULT_PRIORITY:  # as before priorities: a subclass's own
             return self.enqueue(batch)    # ``enqueue(batch)`` is still called
         return self.enqueue(batch, priority=priority)
