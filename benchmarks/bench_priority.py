@@ -118,17 +118,23 @@ def step_costs(dbs: dict[str, str], steps: int, rounds: int,
         for name, lease in leases.items():
             if lease is not None:
                 queues[name].complete(lease, handler)
-    money = sum(amount_of(i) for i in range(count))
     for name, db in dbs.items():
-        keeper = Keeper(db)
-        try:
-            keeper.check_exactly_once(count, money, priorities=wanted[name])
-        finally:
-            keeper.close()
+        checked(db, count, wanted[name])
     ratios = [plain / mixed for plain, mixed in zip(spent[PLAIN], spent[MIXED])]
     return {"steps": steps, "rounds": rounds, "ratios": ratios,
             "ratio": statistics.median(ratios),
             "rates": {name: steps * rounds / sum(spent[name]) for name in dbs}}
+
+
+def checked(db: str, count: int, priorities: dict[int, int]) -> None:
+    """Every one of ``count`` messages done once, its effect and the money exact, the
+    done messages of each priority as enqueued (``Keeper``); else ``CheckFailed``."""
+    keeper = Keeper(db)
+    try:
+        keeper.check_exactly_once(count, sum(amount_of(i) for i in range(count)),
+                                  priorities=priorities)
+    finally:
+        keeper.close()
 
 
 # -- how long a low priority waits ---------------------------------------------------
