@@ -69,8 +69,20 @@ rounds as the case without it; on PostgreSQL the tables' sizes before a
 prune and after it and a ``VACUUM``; and ``migrate`` of a queue that the
 previous engine wrote (exported from git history), timed while a worker of
 that engine runs on it. Each is checked like the slices: the audit clean,
-every state, effect and the money exact. A failed check exits 1; a figure below its
-target is printed as such and the exit status stays 0: a benchmark reports.
+every state, effect and the money exact.
+
+Priorities (``bench_priority.py``): what they cost the worker loop's step, on
+two queues of one store holding the same events, one with each event's
+priority 0 to 9 in turn and one with every event at 0, consumed step for step
+in turn (the disk changes speed too often for slices side by side), on both
+stores; and on a model clock, how long a message of priority 0 waits under a
+steady load of priority 9 at the workers' whole rate, against the bound the
+engine states for it (``priority.wait_bound``), beside strict priority on the
+same arrivals. Both checked: every state, effect and the money exact, the
+done messages of each priority as enqueued.
+
+A failed check exits 1; a figure below its target is printed as such and the
+exit status stays 0: a benchmark reports.
 """
 
 from __future__ import annotations
@@ -95,6 +107,7 @@ import bench_idcheck  # noqa: E402
 import fsyncs  # noqa: E402
 from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noqa: E402
                          PgRawCommits, QueueSize, RawCommits, Schemas, Slice, Worker)
+from bench_priority import MIXED, PLAIN, starvation, step_costs  # noqa: E402
 from bench_report import evaluate, summarise  # noqa: E402
 from bench_retention import (PrunedEndToEnd, ack_pages, migrations, pg_space,  # noqa: E402
                              steady_load)
@@ -139,15 +152,22 @@ class Plan:
     migrate: tuple[int, int] = (0, 0)
     pg_space: int = 0
     workers: bool = False  # the 2 and 4 worker cases without the rest of ``full``
+    # priorities (``bench_priority``): the worker loop's step on a queue with priorities 0-9
+    # and on one without, turn and turn about, per store: (steps per round, rounds); a low
+    # priority's longest wait under a steady urgent load on a model clock, the workers
+    # finishing this many messages a second (0: not run)
+    priorities: tuple[int, int] = (0, 0)
+    starvation: int = 0
+    pg_workers: tuple[int, ...] = WORKER_COUNTS  # PostgreSQL's worker counts (K = 1 and 100)
 
 
 FULL = Plan(rounds=12, budget_s=150.0, raw=40, single=100, k10=400, k100=2000,
             sizes=(1_000, 10_000, 100_000), full=True, peers=True, postgres=200, slow=True,
             same_work=True, retention=(10_000, 500), prune_case=True, migrate=(10_000, 3_000),
-            pg_space=2_000)
+            pg_space=2_000, priorities=(200, 20), starvation=10)
 QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
              sizes=(1_000, 10_000), full=False, retention=(400, 100), prune_case=True,
-             migrate=(1_500, 1_000))
+             migrate=(1_500, 1_000), priorities=(20, 4), starvation=2)
 # A few seconds for notebook 08: ours (one at a time, batched, NORMAL) and the peers, at
 # like durability, consumer side; and one probe round.
 PEERS_QUICK = Plan(rounds=3, budget_s=1.0, raw=8, single=30, k10=60, k100=300, sizes=(),
@@ -156,6 +176,11 @@ PEERS_QUICK = Plan(rounds=3, budget_s=1.0, raw=8, single=30, k10=60, k100=300, s
 # prune looping beside one worker; the figures the write lock's hand-over decides.
 WRITERS = Plan(rounds=10, budget_s=90.0, raw=40, single=200, k10=0, k100=0, sizes=(),
                full=False, batches=(), bare=False, prune_case=True, workers=True)
+# Priorities alone (``--priorities``): what they cost the worker loop's step on both stores,
+# as in the full run, beside our single message for scale, and the low priority's waits.
+PRIORITIES = Plan(rounds=4, budget_s=30.0, raw=40, single=100, k10=0, k100=0, sizes=(),
+                  full=False, postgres=200, batches=(), bare=False, priorities=(200, 20),
+                  starvation=10, pg_workers=(1,))
 # The slow-disk regime: every flush 2 ms; ours against the peers that fsync every commit.
 SLOW = Plan(rounds=8, budget_s=60.0, raw=25, single=60, k10=0, k100=1000, sizes=(),
             full=False, peers=True, safety=(0, 0), batches=(100,), durable_peers_only=True,
@@ -179,7 +204,7 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
     n, one = plan.single, pool[:1]
     if plan.bare and not plan.durable_peers_only:
         yield BareProtocol(workdir, n)
-    if plan.full or plan.peers or plan.prune_case:
+    if plan.full or plan.peers or plan.prune_case or plan.priorities[0]:
         yield EndToEnd("single", "ours, single message, 1 worker", workdir, n,
                        op="drain", workers=one, producer="single")
     if plan.prune_case and pruner is not None and not plan.durable_peers_only:
@@ -206,7 +231,7 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
             yield from build_same_work_cases(workdir, n, peer_worker)
     if schemas is not None:
         for k, count in ((1, plan.postgres), (100, plan.k100)):
-            for workers in WORKER_COUNTS:
+            for workers in plan.pg_workers if count else ():
                 name = f"pg_{'single' if k == 1 else f'batch_{k}'}_{workers}"
                 yield EndToEnd(name, f"ours pg, {'single message' if k == 1 else f'K={k}'}, "
                                f"{workers} worker{'s' if workers > 1 else ''}",
@@ -243,6 +268,8 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         cases: list[Case] = []
         lifetime: dict[str, Any] = {}
         id_check: dict[str, dict[str, float]] = {}
+        waits: dict[str, Any] = {}
+        costs: dict[str, Any] = {}
         safety: dict[str, dict[str, Any]] = {}
         pg_safety: dict[str, dict[str, Any]] = {}
         fenced: dict[str, dict[str, Any]] = {}
@@ -270,6 +297,11 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
                     fenced = late_acks(schemas)
                     check_our_fence(fenced["queue_core_pg"])
             lifetime = lifetime_figures(workdir, plan, cases, schemas, say)
+            if plan.priorities[0]:
+                costs = priority_costs(workdir / "priorities", plan.priorities, schemas, say)
+            if plan.starvation:
+                (workdir / "starvation").mkdir()
+                waits = starvation(workdir / "starvation", plan.starvation, say)
             if plan.full:
                 say("timing the event id's CHECK per UPDATE, each rule, each store")
                 id_check = id_check_costs(workdir, server)
@@ -285,6 +317,10 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
                         missing_peers() if plan.peers else [])
     results["pg_safety"], results["fencing"] = pg_safety, fenced
     results["lifetime"] = lifetime
+    if costs:
+        results["priority_costs"] = costs
+    if waits:
+        results["starvation"] = waits
     if id_check:
         results["id_check"] = id_check
     if plan.full:
@@ -296,6 +332,19 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
     results["startup"] = startup()
     results["targets"] = evaluate(results)
     return results
+
+
+def priority_costs(folder: Path, plan: tuple[int, int], schemas: Schemas | None,
+                   say: Callable[[str], None]) -> dict[str, Any]:
+    """What priorities cost the worker loop's step (``bench_priority.step_costs``): on
+    two SQLite files in ``folder`` and, where the run has a server, two schemas."""
+    folder.mkdir()
+    found = {"sqlite": step_costs({name: str(folder / f"{name}.sqlite3")
+                                   for name in (MIXED, PLAIN)}, *plan, say)}
+    if schemas is not None:
+        found["postgres"] = step_costs({name: schemas.fresh(f"step_{name}")
+                                        for name in (MIXED, PLAIN)}, *plan, say)
+    return found
 
 
 def id_check_costs(workdir: Path, server: str | None) -> dict[str, dict[str, float]]:
@@ -469,12 +518,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small run (a few seconds)")
     parser.add_argument("--writers", action="store_true",
                         help="only SQLite's writers: 1, 2 and 4 workers, prune beside one")
+    parser.add_argument("--priorities", action="store_true",
+                        help="only priorities: what they cost the worker loop's step on "
+                             "both stores, and a low priority's waits")
     parser.add_argument("--slow-json", help=argparse.SUPPRESS)  # the slow-disk child
     args = parser.parse_args(argv)
     if args.slow_json:
         return _slow_child(json.loads(args.slow_json))
     try:
-        results = run(quick=args.quick, plan=WRITERS if args.writers else None, log=lambda text: print(text, file=sys.stderr))
+        plan = WRITERS if args.writers else PRIORITIES if args.priorities else None
+        results = run(quick=args.quick, plan=plan, log=lambda text: print(text, file=sys.stderr))
     except CheckFailed as exc:
         print(f"EXACTLY-ONCE CHECK FAILED: {exc}")
         return 1

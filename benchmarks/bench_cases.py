@@ -62,17 +62,23 @@ class Keeper:
         if self.conn is not None:  # a connection counts once it has read: before, it has no WAL
             self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
 
-    def check_exactly_once(self, done: int, money: int, ready: int = 0) -> None:
+    def check_exactly_once(self, done: int, money: int, ready: int = 0,
+                           priorities: dict[int, int] | None = None) -> None:
         """Raise ``CheckFailed`` unless the shared audit finds nothing and the
-        states, effects and money are exactly what the slices produced."""
+        states, effects and money are exactly what the slices produced; with
+        ``priorities``, also the done messages of each priority."""
         snap = audit.snapshot(self.db)
         problems = [str(finding) for finding in audit.check(snap)[:3]]
         states = snap.status.states
         found = (states["done"], states["ready"], states["leased"] + states["dead"],
                  snap.status.effects, snap.money)
         wanted = (done, ready, 0, done, money)
+        if priorities is not None:
+            found += ({p: counts["done"] for p, counts in snap.status.priorities.items()},)
+            wanted += (priorities,)
         if problems or found != wanted:
-            raise CheckFailed(f"{self.db}: (done, ready, leased or dead, effects, money) = "
+            raise CheckFailed(f"{self.db}: (done, ready, leased or dead, effects, money"
+                              f"{', done per priority' if priorities is not None else ''}) = "
                               f"{found}, expected {wanted}; audit: {problems or 'clean'}")
 
     def close(self) -> None:

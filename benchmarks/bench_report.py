@@ -16,6 +16,7 @@ import statistics
 from typing import Any, Callable
 
 from bench_cases import Case, QueueSize
+from bench_priority import figure as starvation_figure
 from queue_core.queue import PRUNE_BATCH
 from peers import FSYNCING, PeerCase, SameWorkCase
 
@@ -214,6 +215,33 @@ def _prune_beside(results: dict[str, Any]) -> tuple[float | None, str]:
                    "worker ran")
 
 
+def _step_cost(results: dict[str, Any], store: str) -> tuple[float | None, str]:
+    """The worker loop's step with priorities 0-9 over without, on ``store``: the median
+    of the rounds (``bench_priority.step_costs``), each rate beside it."""
+    found = (results.get("priority_costs") or {}).get(store)
+    if not found:
+        return None, ""
+    rates = found["rates"]
+    return found["ratio"], (f"{rates['mixed']:.0f} vs {rates['plain']:.0f} steps/s over all "
+                            f"{found['rounds']} rounds of {found['steps']} steps each")
+
+
+def _starvation(results: dict[str, Any]) -> tuple[float | None, str]:
+    """A low priority's longest wait over the bound the engine states for it, on a
+    model clock (``bench_priority``); what strict priority gives on the same load."""
+    found = results.get("starvation")
+    if not found:
+        return None, ""
+    value, worst = starvation_figure(found)
+    waited = (f"{worst['wait']} s" if worst["wait"] is not None
+              else f"still waiting after {worst['waiting']} s")
+    strict = "; ".join(f"{s['waiting']} of {s['lows']} still waiting after {s['seconds']:,} s "
+                       f"(the oldest for {s['longest']:,} s)" for s in found["strict"])
+    return value, (f"{found['urgent_per_second']} urgent a second, workers at {found['rate']} a "
+                   f"second: {worst['event_id']} waited {waited}, its bound "
+                   f"{worst['bound']:g} s; strict priority on the same load: {strict}")
+
+
 # (name, what it compares, figure, bound, at least (True) or at most (False))
 TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str]], float,
                     bool]] = [
@@ -287,6 +315,18 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
      f"one batch of at most {PRUNE_BATCH} done messages of 2 KB, BEGIN IMMEDIATE to its fsynced "
      "commit, no other writer (the write lock's hold), this machine's flush", _longest_prune_ms,
      10.0, False),
+    ("SQLite worker-loop step, priorities 0-9 vs all 0",
+     "ACK + claim of the next in one transaction, FULL*, on the same events each at priority "
+     "i % 10 vs every one at 0, step for step in turn; median of the rounds",
+     lambda r: _step_cost(r, "sqlite"), 0.95, True),
+    ("PostgreSQL worker-loop step, priorities 0-9 vs all 0",
+     "the step function (ACK + claim of the next), synchronous_commit=on, on the same events "
+     "each at priority i % 10 vs every one at 0, step for step in turn; median of the rounds",
+     lambda r: _step_cost(r, "postgres"), 0.95, True),
+    ("longest low-priority wait vs its stated bound",
+     "model clock: priority 0 messages under a steady load of priority 9 at the workers' whole "
+     "rate; each wait over priority.wait_bound(0, messages keyed before it when due, urgent a "
+     "second, rate), the largest", _starvation, 1.0, False),
 ]
 
 

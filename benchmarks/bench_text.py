@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import bench_idcheck
@@ -354,6 +355,49 @@ def lifetime_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def priority_lines(results: dict[str, Any]) -> list[str]:
+    """What priorities cost the worker loop's step, and a low priority's waits under a
+    steady urgent load beside strict priority's (``bench_priority``)."""
+    costs, found = results.get("priority_costs") or {}, results.get("starvation")
+    lines = ["", "priorities"] if costs or found else []
+    if costs:
+        lines.append("  what they cost the worker loop's step (the ACK of one message and the "
+                     "claim of the next, one transaction, every ACK fsynced): two queues of the "
+                     "same events, each enqueued in a commit of its own, one with each event at "
+                     "priority i % 10, one with every event at 0, consumed by one process a step "
+                     "on one, then a step on the other, so that both meet the disk in the same "
+                     "state (slices side by side differ by tens of percent here)")
+        for store, cost in costs.items():
+            spread = statistics.quantiles(cost["ratios"], n=4) if len(cost["ratios"]) > 1 \
+                else cost["ratios"] * 3
+            lines.append(f"    {'SQLite' if store == 'sqlite' else 'PostgreSQL'}: with "
+                         f"priorities over without {cost['ratio']:.2f} (median of "
+                         f"{cost['rounds']} rounds of {cost['steps']} steps each, quartiles "
+                         f"{spread[0]:.2f} and {spread[2]:.2f}); {cost['rates']['mixed']:.0f} "
+                         f"and {cost['rates']['plain']:.0f} steps/s over all rounds")
+    if found:
+        lines.append(f"  a low priority under a steady urgent load, on a model clock (the same "
+                     f"figures every run): workers finish {found['rate']} messages a second; "
+                     f"{found['urgent_per_second']} of priority {found['urgent']} become due "
+                     "every second (the workers' whole rate: strict priority has no bound "
+                     f"there), and one of priority {found['priority']} every "
+                     f"{found['lows'][1]['due'] - found['lows'][0]['due']} s; only messages due "
+                     f"within {found['window']} s after a low one can go before it")
+        for low in found["lows"]:
+            waited = (f"waited {low['wait']} s" if low["wait"] is not None
+                      else f"still waiting after {low['waiting']} s")
+            lines.append(f"    {low['event_id']}: due at {low['due']} s with {low['ahead']} "
+                         f"keyed before it, {waited}; its bound (priority.wait_bound) "
+                         f"{low['bound']:g} s")
+        strict = "; ".join(f"after {s['seconds']:,} s {s['waiting']} of {s['lows']} still "
+                           f"waiting, the oldest for {s['longest']:,} s" for s in found["strict"])
+        lines.append(f"  strict priority on the same arrivals (a model that takes the highest "
+                     f"priority first; in the head-start order the same model claims every "
+                     f"message in the second the engine did): {strict}: the wait grows with the "
+                     "run")
+    return lines
+
+
 def target_lines(results: dict[str, Any]) -> list[str]:
     """Every target with this run's figure and its verdict (a benchmark reports, it does not gate)."""
     lines = ["", "targets, from this run (floors unless marked <=):",
@@ -387,7 +431,7 @@ def report(results: dict[str, Any]) -> list[str]:
         same = same_work_table(slow, title)
         lines += [""] + same if same else []
     lines += notes(results) + same_work_notes(results) + safety_lines(results) \
-        + lifetime_lines(results)
+        + lifetime_lines(results) + priority_lines(results)
     if results.get("id_check"):
         lines += ["", *bench_idcheck.lines(results["id_check"])]
     lines += target_lines(results)

@@ -30,7 +30,8 @@ LIFETIME_TARGETS = {"file + -wal after a steady load, pruned vs not",
                     "longest prune transaction, ms"}
 # Only the lifetime figures, as small as they go: no raw-commit rounds beyond two.
 LIFETIME_ONLY = bench.replace(bench.QUICK, rounds=2, single=10, batches=(), sizes=(), bare=False,
-                              retention=(300, 100), migrate=(400, 300))
+                              retention=(300, 100), migrate=(400, 300), priorities=(0, 0),
+                              starvation=0)
 
 
 @pytest.fixture(scope="module")
