@@ -10,13 +10,15 @@ due at 11:59.
 
 Why a head start, and not strict priority: under strict priority a steady
 stream of urgent messages starves every other one, for as long as it lasts
-(River, Oban and procrastinate order strictly; ``reference/priorities.md``).
-A head start bounds what can overtake a message: only a message whose
-``available_at`` comes less than ``9 * HEAD_START_SECONDS`` after its own.
-So the wait of a message of priority ``p`` that became due at ``t`` is at most
-the time it takes the workers to finish what is keyed before it: the messages
-already ahead at ``t`` and those that become due before ``t + (9 - p) * 60``
-with a higher priority (``wait_bound``). Whatever the load, that set is finite.
+(River, Oban and procrastinate order strictly; chapter 15's "How does the
+real world do it?" gives the sources). A head start bounds what can overtake
+a message of priority ``p`` due at ``t``: only a message of a higher priority
+``q`` due at most ``(q - p) * 60`` seconds after it, so at most
+``(9 - p) * 60`` (at exactly that gap the two keys are equal, and the event
+ids decide). So its wait is at most the time it takes the workers to finish
+what is keyed before it: the messages already ahead at ``t`` and those of a
+higher priority that become due from ``t`` to ``t + (9 - p) * 60``
+(``wait_bound``). Whatever the load, that set is finite.
 
 What a priority does not change: a message is never claimed before it is due
 (``available_at <= now``: backoff holds for an urgent message too), and the
@@ -39,7 +41,7 @@ LOWEST = 0
 HIGHEST = 9
 PRIORITIES = range(LOWEST, HIGHEST + 1)
 DEFAULT_PRIORITY = LOWEST
-HEAD_START_SECONDS = 60  # per step of priority: priority 9 is due nine minutes early
+HEAD_START_SECONDS = 60  # per step of priority: priority 9 is keyed nine minutes earlier
 # The claim's order, as both stores' live index holds it (the text must be the
 # index's own, so that SQLite matches the expression). Then ``event_id``.
 CLAIM_ORDER = f"available_at - {HEAD_START_SECONDS} * priority"
@@ -65,19 +67,20 @@ def head_start(priority: int) -> int:
 def wait_bound(priority: int, ahead: int, urgent_per_second: float, rate: float) -> float:
     """The longest a message of ``priority`` can wait once it is due, in seconds.
 
-    ``ahead`` messages are keyed before it when it becomes due; after that,
-    only messages that become due within ``(HIGHEST - priority) * 60``
-    seconds, with a head start larger than that gap, can still overtake it:
-    at most ``urgent_per_second`` of them each second, in the worst case all
-    of the highest priority. The workers finish ``rate`` messages a second.
-    Once that window has closed, nothing new can go before it, so the wait
-    is at most the time to finish what is ahead of it (a retry that becomes
-    due again in the window counts as one more arrival). Bounded for every
-    load: under strict priority, no bound exists once
-    ``urgent_per_second >= rate``.
+    ``ahead`` messages are keyed before it when it becomes due, at ``t``;
+    after that, only messages of a higher priority that become due from ``t``
+    to ``t + (HIGHEST - priority) * 60`` can still overtake it: the window's
+    whole seconds of the model clock, both ends included (at its last second
+    an urgent message's key equals this one's, and the event ids decide), at
+    most ``urgent_per_second`` of them in each, in the worst case all of the
+    highest priority. The workers finish ``rate`` messages a second. Once
+    that window has closed, nothing new can go before it, so the wait is at
+    most the time to finish what is ahead of it (a retry that becomes due
+    again in the window counts as one more arrival). Bounded for every load:
+    under strict priority, no bound exists once ``urgent_per_second >= rate``.
     """
     require_priority(priority)
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate!r}")
-    window = (HIGHEST - priority) * HEAD_START_SECONDS
-    return (ahead + urgent_per_second * window) / rate
+    seconds = (HIGHEST - priority) * HEAD_START_SECONDS + 1  # from t to t + window, both ends
+    return (ahead + urgent_per_second * seconds) / rate

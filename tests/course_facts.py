@@ -166,7 +166,7 @@ def a_priority_is_a_head_start_and_every_wait_has_a_bound() -> None:
         assert [queue.claim().event_id for _ in range(4)] == ["E0009", "E0001", "E0002", "E0003"]
         assert queue.message("E0009").priority == 9 and queue.metrics().priorities
     assert CLAIM_ORDER == "available_at - 60 * priority"
-    assert (wait_bound(0, 59, 1, 1), wait_bound(9, 60, 1, 1)) == (599, 60)
+    assert (wait_bound(0, 59, 1, 1), wait_bound(9, 60, 1, 1)) == (600, 61)
     from queue_core.cli import build_parser
     assert build_parser().parse_args(["enqueue", "--priority", "9", "f.jsonl"]).priority == 9
 

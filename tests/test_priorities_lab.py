@@ -71,7 +71,7 @@ def test_under_the_head_start_every_wait_is_within_its_bound_and_strict_priority
         bounds[priority] = wait_bound(priority, ahead, u, rate)
         assert all(w.seconds <= wait_bound(priority, w.ahead, u, rate) for w in waits)
         assert max(w.seconds for w in waits) <= bounds[priority]
-    assert bounds == {0: 599, 9: 60}  # the chapter prints ahead 59 and 60
+    assert bounds == {0: 600, 9: 61}  # the chapter prints ahead 59 and 60
     assert (longest_wait(read_waits(head), 0).event_id, longest_wait(read_waits(head), 9).event_id
             ) == ("E0060", "E1540")
     over = [w for w in read_waits(strict) if w.seconds > wait_bound(w.priority, w.ahead, u, rate)]

@@ -160,6 +160,33 @@ def test_under_a_steady_urgent_load_every_bulk_message_waits_within_the_stated_b
     assert {m.priority for m in done if m.event_id in load.ahead} == {BULK}
 
 
+def test_an_urgent_message_due_exactly_the_window_later_ties_and_the_bound_counts_it(
+        tmp_path: Path) -> None:
+    # E5000 (priority 0) is due at 1000; an urgent message (9) comes every second from
+    # 1000 to 1540, each with an id before E5000's. The last one's key is 1540 - 540 =
+    # 1000, E5000's own: a tie that the event ids decide, against E5000. One worker
+    # finishes one message a second.
+    clock = ModelClock(1000)
+    queue = Queue(tmp_path / "tie.sqlite3", clock=clock, synchronous="NORMAL")
+    queue.enqueue_jsonl(line("E5000", BULK_CENTS), priority=BULK)
+    claimed = []
+    with queue.session():
+        for second in range(1000, 1600):
+            clock.set(second)
+            if second <= 1540:
+                queue.enqueue_jsonl(line(f"E{second - 1000:04d}", URGENT_CENTS), priority=URGENT)
+            lease = queue.claim()
+            claimed.append(lease.event_id)
+            queue.complete(lease, Handler())
+            if lease.event_id == "E5000":
+                break
+    wait = second - 1000
+    assert claimed[-2:] == ["E0540", "E5000"] and len(claimed) == 542
+    assert wait == 541 == wait_bound(BULK, 0, 1, 1)  # the window's 541 whole seconds
+    snap = audit.snapshot(queue.path)
+    assert audit.check(snap) == [] and snap.money == 541 * URGENT_CENTS + BULK_CENTS
+
+
 def test_the_same_stream_under_strict_priority_never_claims_a_bulk_message(load: Load) -> None:
     urgent_per_second = load.urgent_per_second
 
