@@ -91,7 +91,7 @@ def metrics_lines(metrics: Metrics, *, as_json: bool, model_time: bool) -> list[
     for priority, figures in metrics.priorities.items():  # once one is not the default
         age = figures.oldest_ready_age
         lines[f"priority {priority}"] = (
-            ", ".join(f"{name} {n}" for name, n in figures.depth.items() if name != "done")
+            ", ".join(f"{name} {n}" for name, n in figures.depth.items())
             + ("; none due" if age is None else f"; oldest due waiting {_duration(age)}"))
     return [f"{name + ':':<16}{value}" for name, value in lines.items()]
 
