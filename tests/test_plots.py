@@ -557,4 +557,6 @@ def test_the_oldest_due_figure_draws_each_runs_samples_per_priority_and_its_boun
     assert len(dashed) == 1 and list(dashed[0].get_ydata()) == [30.0, 30.0]
     assert "bound (wait_bound): 30 s" in [t.get_text() for t in bulk.get_legend().get_texts()]
     assert not [line for line in urgent.lines if line.get_linestyle() == "--"]
+    tight = plot_oldest_due({"head start": head}, {9: "refunds"}, title="near", bounds={9: 61.0})
+    assert tight.axes[0].get_ylim()[1] >= 1.1 * 61  # the bound's line clear of the frame
     assert bulk.get_ylim()[0] < 0 and urgent.get_xlabel() == "model time (s)"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from queue_core import ModelClock, Queue
+from queue_core.lab.plots import oldest_due
 from queue_core.lab.story import (Load, StrictPriority, bulk_import, longest_wait, play_load,
                                   read_waits, refunds)
 from queue_core.lab.story.priorities import STRICT_DUE
@@ -50,7 +51,7 @@ def test_strict_priority_starves_the_bulk_for_as_long_as_the_stream_lasts_the_he
     # strict: the last bulk order waits for the whole stream, then for the 59 before it
     assert longest_wait(strict_waits, 0).seconds == seconds + 59
     assert longest_wait(strict_waits, 9).seconds == 0
-    # the head start: the same waits whatever the stream's length, each at its bound
+    # the head start: the same waits whatever the stream's length, each a second under its bound
     assert [longest_wait(head_waits, p).seconds for p in (0, 9)] == [599, 60]
     for waits in (strict_waits, head_waits):
         assert len(waits) == load.messages
@@ -62,7 +63,7 @@ def test_strict_priority_starves_the_bulk_for_as_long_as_the_stream_lasts_the_he
 def test_under_the_head_start_every_wait_is_within_its_bound_and_strict_priority_breaks_it(
         tmp_path: Path) -> None:
     head, head_samples = played(tmp_path, "head start", STREAM)
-    strict, _ = played(tmp_path, "strict priority", STREAM)
+    strict, strict_samples = played(tmp_path, "strict priority", STREAM)
     u, rate = STREAM.urgent_per_second, STREAM.rate
     bounds = {}
     for priority in (0, 9):
@@ -74,6 +75,16 @@ def test_under_the_head_start_every_wait_is_within_its_bound_and_strict_priority
     assert bounds == {0: 600, 9: 61}  # the chapter prints ahead 59 and 60
     assert (longest_wait(read_waits(head), 0).event_id, longest_wait(read_waits(head), 9).event_id
             ) == ("E0060", "E1540")
+    # the tie at key 1000 (E1540 is due at 1540 - 540 = 1000): E0060's smaller id goes first,
+    # so each longest wait is a second under its bound, as the chapter says
+    claimed = {w.event_id: w.claimed for w in read_waits(head)}
+    assert (claimed["E0060"], claimed["E1540"]) == (1599, 1600)
+    # where the chapter's figure draws each line's end: its last sample with one due
+    ends = {rule: {p: [(at, age) for at, age in oldest_due(samples, p).items() if age == age][-1]
+                   for p in (0, 9)}
+            for rule, samples in (("head start", head_samples), ("strict", strict_samples))}
+    assert ends == {"head start": {0: (1580, 580), 9: (1940, 60)},
+                    "strict": {0: (1940, 940), 9: (1880, 0)}}
     over = [w for w in read_waits(strict) if w.seconds > wait_bound(w.priority, w.ahead, u, rate)]
     assert {w.priority for w in over} == {0} and len(over) == 60  # every bulk order
     at_1560 = {m.at: m for m in head_samples}[1560]  # the metrics the chapter prints

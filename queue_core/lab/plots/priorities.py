@@ -92,8 +92,10 @@ def plot_oldest_due(runs: Mapping[str, Sequence[Metrics]], panels: Mapping[int, 
         if bounds and priority in bounds:
             ax.axhline(bounds[priority], color="black", ls="--", lw=1,
                        label=f"bound (wait_bound): {bounds[priority]:g} s")
-        top = max(ax.get_ylim()[1], 10)
-        ax.set_ylim(-0.04 * top, top)  # a line at 0 stays in sight above the axis
+        # a line at 0 stays in sight above the axis, a bound's line below the frame
+        top = max(ax.get_ylim()[1], 10, 1.1 * bounds[priority] if bounds and priority in bounds
+                  else 0)
+        ax.set_ylim(-0.04 * top, top)
         ax.set_ylabel("oldest due message's\nage (model s)")
         ax.set_title(f"priority {priority}: {what}", fontsize=10, loc="left")
         ax.legend(loc="upper left", fontsize=9)
