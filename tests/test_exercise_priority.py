@@ -3,11 +3,14 @@ still finishes.
 
 The right answer, the one of notebook 09's solutions, is solved, with the least
 priority that does it computed from the package's rule; every wrong route is
-refused, naming what is wrong and the next step: too low a priority, a worker
-run before the refund arrived, a backlog left starving, and the routes that
-reach the right order by hand (an ``available_at`` or a ``priority`` changed
-with SQL of one's own, a claim forged into the journal, a state set by hand, a
-clock set back, a ``Handler`` subclass that writes, another queue than q10).
+refused, naming what is wrong and the next step: too low a priority, a repeat
+enqueue that cannot raise it (a duplicate keeps the stored priority), a worker
+run before the refund arrived, none run yet, a backlog left starving, a refund
+whose first claim did not finish it (dead, then redriven and done last), and the
+routes that reach the right order by hand (an ``available_at`` or a ``priority``
+changed with SQL of one's own, a claim forged into the journal, a state set by
+hand, a clock set back, a ``Handler`` subclass that writes, another queue than
+q10).
 Every route is played on real files with the real witness; where it reaches
 the right money, the figures read back through a second connection prove that
 the money alone would have passed.
@@ -121,6 +124,35 @@ def test_exercise_10_the_next_step_of_too_low_a_priority_followed_literally_solv
     assert claims(again) == ["E1007", *BULK]
 
 
+def test_exercise_10_the_refund_enqueued_and_no_worker_yet_is_told_to_run_one_and_that_solves_it(
+        tmp_path: Path) -> None:
+    queue = exercises.start_10(tmp_path)
+    queue.enqueue_jsonl(REFUND_LINE, priority=9)
+
+    verdict = exercises.check_10(queue)
+
+    assert verdict.status == NOT_QUITE and "starves" not in verdict.text
+    assert verdict.text == (
+        "Not quite: no worker has run yet: the refund E1007, enqueued with priority 9, and the "
+        "six bulk messages are all still ready; total expected 14500, found 0; effects "
+        "expected 7, found 0; ready expected 0, found 7; done expected 7, found 0. Next: run a "
+        "worker until nothing is due: `drain(q10, handler_10)`")
+    assert figures(queue.path) == (0, 0, {"ready": 7}) and claims(queue) == []
+    drain(queue, REFUND)  # the next step, as it says
+    assert exercises.check_10(queue).status == SOLVED
+    assert claims(queue) == ["E1007", *BULK] and figures(queue.path) == SOLVED_FIGURES
+
+
+def test_exercise_10_a_repeat_with_a_priority_that_already_puts_it_first_changes_nothing(
+        tmp_path: Path) -> None:
+    """The repeat is named only where it matters: stored at 3, the refund goes first."""
+    [queue] = enqueued_again(3, 9)(tmp_path)
+    verdict = exercises.check_10(queue)
+    assert verdict.status == SOLVED and "with priority 3" in verdict.text
+    assert read_back(Path(queue.path), "SELECT priority FROM messages "
+                                       "WHERE event_id = 'E1007'") == [(3,)]
+
+
 def test_the_witness_records_the_priority_given_and_the_journal_rows_of_each_call(
         tmp_path: Path) -> None:
     queue = solved(tmp_path)
@@ -179,6 +211,41 @@ def backlog_first(tmp: Path) -> tuple[Any, ...]:
     queue.enqueue_jsonl(REFUND_LINE, priority=9)
     drain(queue, REFUND)
     return (queue,)
+
+
+def dead_then_redriven(tmp: Path) -> tuple[Any, ...]:
+    """The refund claimed first by a handler that does not know refunds (dead), then
+    redriven and done by handler_10 after the whole backlog: the right money, late."""
+    queue = exercises.start_10(tmp)
+    queue.enqueue_jsonl(REFUND_LINE, priority=9)
+    drain(queue, Handler())
+    queue.redrive("E1007")
+    drain(queue, REFUND)
+    return (queue,)
+
+
+def failed_by_hand_then_done_last(tmp: Path) -> tuple[Any, ...]:
+    queue = exercises.start_10(tmp)
+    queue.enqueue_jsonl(REFUND_LINE, priority=9)
+    lease = queue.claim()
+    assert lease is not None and lease.event_id == "E1007"
+    queue.fail(lease, "transient_error")  # back to ready, due again at 1121
+    drain(queue, REFUND)                  # the backlog, while the refund waits out its backoff
+    queue.clock.set(1121)                 # type: ignore[attr-defined]
+    drain(queue, REFUND)
+    return (queue,)
+
+
+def enqueued_again(*priorities: int, worker: bool = True) -> Callable[[Path], tuple[Any, ...]]:
+    """The refund enqueued once per priority given, in turn; then a worker, or none."""
+    def play(tmp: Path) -> tuple[Any, ...]:
+        queue = exercises.start_10(tmp)
+        for priority in priorities:
+            queue.enqueue_jsonl(REFUND_LINE, priority=priority)
+        if worker:
+            drain(queue, REFUND)
+        return (queue,)
+    return play
 
 
 def backlog_pushed_back(tmp: Path) -> tuple[Any, ...]:
@@ -261,6 +328,29 @@ ROUTES = [
           with_refund(9, handler=Handler()),
           ("E1007 is dead (invalid_payload): the handler that processed it does not know "
            "refund",), 'Handler().supporting("refund")', (12000, 6, {"done": 6, "dead": 1})),
+    Route(10, "dead-at-its-first-claim-then-redriven-and-done-after-the-backlog",
+          dead_then_redriven,
+          ("E1007 was claimed first, but that claim ended in invalid_payload (dead), not "
+           "completed: the handler that processed it does not know refund; it was redriven and "
+           "done only at its second claim, after E1001, E1002, E1003, E1004, E1005, E1006",),
+          'run `start_10` again and process with `handler_10 = Handler().supporting("refund")`',
+          SOLVED_FIGURES),
+    Route(10, "failed-at-its-first-claim-then-done-after-the-backlog",
+          failed_by_hand_then_done_last,
+          ("E1007 was claimed first, but that claim ended in transient_error (ready), not "
+           "completed; it was done only at its second claim, after E1001",),
+          "run `start_10` again, then `q10.enqueue_jsonl(REFUND_LINE, priority=...)` and "
+          "`drain(q10, handler_10)`", SOLVED_FIGURES),
+    Route(10, "enqueued-at-0-then-again-at-9-a-duplicate-that-keeps-0", enqueued_again(0, 9),
+          ("E1007 was enqueued again with priority 9, but a repeat of a stored event is a "
+           "duplicate and changes nothing: the refund kept the priority it was stored with, 0, "
+           "and only `start_10` starts over", "E1007 was claimed seventh"), PRIORITY_3,
+          SOLVED_FIGURES),
+    Route(10, "enqueued-at-0-then-again-at-9-and-no-worker-yet",
+          enqueued_again(0, 9, worker=False),
+          ("the refund kept the priority it was stored with, 0, and only `start_10` starts "
+           "over", "no worker has run yet"), PRIORITY_3, (0, 0, {"ready": 7}),
+          not_says=("starves",)),
     Route(10, "the-refund-never-enqueued", lambda t: (drain(q := exercises.start_10(t), REFUND),
                                                       q)[1:],
           ("the refund E1007 was never enqueued: a worker processed the backlog",), AGAIN,
@@ -341,6 +431,7 @@ def test_each_wrong_route_of_exercise_10_is_refused_naming_what_is_wrong_and_wha
     assert verdict.status == NOT_QUITE, verdict.text
     assert [said for said in route.says if said not in verdict.detail] == [], verdict.text
     assert route.next_step in verdict.next_step, verdict.text
+    assert [said for said in route.not_says if said in verdict.text] == [], verdict.text
     assert verdict.text.endswith(f". Next: {verdict.next_step}")
     assert "Traceback" not in verdict.text and str(tmp_path) not in verdict.text
     if route.reaches is not None:  # the money is right; the route is what is wrong

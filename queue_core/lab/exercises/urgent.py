@@ -8,13 +8,16 @@
 The check reads the learner's file once (``verdicts.read``: the provenance of
 its contents included) and asks: was the refund, E1007, claimed before every
 bulk message, after it was enqueued, through its priority (the claim's order,
-``priority.CLAIM_ORDER``)? Were the bulk messages all done too, none left
-waiting? Are money, effects and states exact (14500, 7 effects, done 7)? And
-did the order come from the enqueue's priority, not from an ``available_at``
-or a ``priority`` changed by hand, a claim written into the journal by hand,
-or a clock set back? The least priority that puts the refund first is
-computed from the package's own rule (``priority.head_start``), so the verdict
-says which one would have done it.
+``priority.CLAIM_ORDER``), and done by that first claim? Were the bulk
+messages all done too, none left waiting? Are money, effects and states exact
+(14500, 7 effects, done 7)? And did the order come from the enqueue's
+priority, not from an ``available_at`` or a ``priority`` changed by hand, a
+claim written into the journal by hand, or a clock set back? The least
+priority that puts the refund first is computed from the package's own rule
+(``priority.head_start``), so the verdict says which one would have done it.
+A refund enqueued again with another priority is a duplicate that keeps the
+stored one, and the verdict says so; before any worker has run, it says that
+a worker is what comes next.
 """
 
 from __future__ import annotations
@@ -79,10 +82,13 @@ def check_10(queue: Any) -> Verdict:
         _forged(world, queue, found)
         _events(world, found)
         if REFUND in world.messages:
+            _repeated(world, queue, found)
             _order(world, found)
+        idle = _idle(world, found)
         for wrong in compare(world, TOTAL, EFFECTS, states(done=len(BACKLOG) + 1)):
             found.add(wrong)
-        _unfinished(world, found)
+        if not idle:
+            _unfinished(world, found)
         return found.verdict(_solved(world))
     return checked(10, body)
 
@@ -100,6 +106,23 @@ def _given_priority(queue: Any) -> int | None:
                 and entry["before"] != entry["after"]:
             return entry.get("priority")
     return None
+
+
+def _repeated(world: Snapshot, queue: Any, found: Findings) -> None:
+    """An enqueue of the refund again, with another priority than the stored one, while
+    the stored one does not put it first: a duplicate, which keeps the stored priority."""
+    refund = world.messages[REFUND]
+    repeats = sorted({entry.get("priority") for entry in signed_calls(path_of(queue))
+                      if entry.get("what") == "enqueue" and REFUND in (entry.get("events") or ())
+                      and entry["before"] == entry["after"]} - {refund.priority, None})
+    bulk = [world.messages[e] for e in BULK if e in world.messages]
+    if not repeats or not bulk or key(refund) < min(key(message) for message in bulk):
+        return
+    given = " and ".join(str(priority) for priority in repeats)
+    found.add(f"{REFUND} was enqueued again with priority {given}, but a repeat of a stored "
+              f"event is a duplicate and changes nothing: the refund kept the priority it was "
+              f"stored with, {refund.priority}, and only `start_10` starts over, with the "
+              "refund not yet enqueued", _raise(world, refund))
 
 
 def _moved_by_hand(world: Snapshot, queue: Any, found: Findings) -> None:
@@ -211,6 +234,41 @@ def _order(world: Snapshot, found: Findings) -> None:
     ahead = [e for e in BULK if (c := _first_claim(world, e)) is not None and c.seq < claim.seq]
     if ahead:
         found.add(_behind(world, refund, ahead), _raise(world, refund))
+    else:
+        _done_by_first_claim(world, claim, found)
+
+
+def _done_by_first_claim(world: Snapshot, claim: Transition, found: Findings) -> None:
+    """The refund, claimed first, finished by that claim: not given up, retried or
+    released, and done later, after the backlog (a redrive after a dead end, say)."""
+    ended = next((s for s in _steps(world, REFUND) if s.seq > claim.seq), None)
+    if ended is None or ended.reason == "completed" or world.messages[REFUND].state != "done":
+        return  # finished by its first claim, or not done: the states say what it is
+    done = next(s.seq for s in reversed(_steps(world, REFUND)) if s.reason == "completed")
+    before = [e for e in BULK if any(s.reason == "completed" and s.seq < done
+                                     for s in _steps(world, e))]
+    claims = sum(1 for s in _steps(world, REFUND) if s.reason == "claimed")
+    redriven = any(s.reason == "redrive" for s in _steps(world, REFUND))
+    found.add(f"{REFUND} was claimed first, but that claim ended in {ended.reason} "
+              f"({ended.to_state}), not completed{_why(ended)}; it was "
+              f"{'redriven and ' if redriven else ''}done only at its "
+              f"{_ORDINALS[min(claims, len(_ORDINALS)) - 1]} claim"
+              + (f", after {', '.join(before)}" if before else ""), _first_claim_again(ended))
+
+
+def _why(ended: Transition) -> str:
+    return (": the handler that processed it does not know refund"
+            if ended.reason == "invalid_payload" else "")
+
+
+def _first_claim_again(ended: Transition) -> str:
+    """Start over, so that the refund's first claim is the one that finishes it."""
+    if ended.reason == "invalid_payload":
+        return ("run `start_10` again and process with `handler_10 = "
+                "Handler().supporting(\"refund\")`: the refund's first claim must be the one "
+                "that finishes it")
+    return (f"run `start_10` again, then {_ENQUEUE} and {_WORKER}: the refund's first claim "
+            "must be the one that finishes it")
 
 
 def _behind(world: Snapshot, refund: Message, ahead: list[str]) -> str:
@@ -243,12 +301,34 @@ def _raise(world: Snapshot, refund: Message) -> str:
             f"{HEAD_START_SECONDS} s")
 
 
+def _count(n: int, what: str) -> str:
+    words = ("no", "one", "two", "three", "four", "five", "six")
+    return f"{words[n] if n < len(words) else n} {what}{'' if n == 1 else 's'}"
+
+
 def _keys(messages: list[Message]) -> str:
     keys = sorted(key(message)[0] for message in messages)
     return str(keys[0]) if keys[0] == keys[-1] else f"{keys[0]} to {keys[-1]}"
 
 
 # -- the backlog finished ---------------------------------------------------------------
+
+def _idle(world: Snapshot, found: Findings) -> bool:
+    """No claim at all in q10's journal: no worker has run yet, and that is what to do."""
+    waiting = [e for e in (*BULK, REFUND) if e in world.messages
+               and world.messages[e].state == "ready"]
+    if not waiting or any(step.reason == "claimed" for step in world.journal):
+        return False
+    refund = world.messages.get(REFUND)
+    bulk = sum(1 for e in waiting if e in BULK)
+    which = (f"the refund {REFUND}, enqueued with priority {refund.priority}, and the "
+             f"{_count(bulk, 'bulk message')} are all" if refund is not None
+             and REFUND in waiting
+             else f"{', '.join(waiting)} {'is' if len(waiting) == 1 else 'are'}")
+    found.add(f"no worker has run yet: {which} still ready",
+              f"run a worker until nothing is due: {_WORKER}")
+    return True
+
 
 def _unfinished(world: Snapshot, found: Findings) -> None:
     """A bulk message left waiting (starving), claimed and not finished, or given up."""
@@ -274,7 +354,13 @@ def _unfinished(world: Snapshot, found: Findings) -> None:
                   "not know refund", "run `start_10` again and process with `handler_10 = "
                   "Handler().supporting(\"refund\")`")
     elif refund is not None and refund.state == "ready":
-        found.add(f"{REFUND} is ready: no worker has processed it yet", f"run a worker: {_WORKER}")
+        ended = [s for s in _steps(world, REFUND) if s.from_state == "leased"]
+        if ended:  # claimed, and back: its first claim can no longer be the one that finishes it
+            found.add(f"{REFUND} is ready again: its claim ended in {ended[-1].reason}, and no "
+                      "worker has claimed it since", _first_claim_again(ended[0]))
+        else:
+            found.add(f"{REFUND} is ready: no worker has processed it yet",
+                      f"run a worker: {_WORKER}")
 
 
 def _solved(world: Snapshot) -> str:
