@@ -111,7 +111,8 @@ __all__ = [
     "Batch", "BatchConflict", "BatchRejected", "CRASH_EXIT_CODE", "Clock", "ConnectionLost",
     "DEFAULT_CATEGORIES", "Effect", "EnqueueResult", "Event", "Handler", "IntegrityViolation",
     "InvalidPayload", "Lease", "LeaseLost", "LockTimeout", "Message", "Metrics", "Migration",
-    "ModelClock", "NotRedrivable", "Outcome", "PayloadDiffers", "IdRuleDiffers", "PriorityFigures", "Pruned", "Queue", "QueueError", "State",
+    "ModelClock", "NotRedrivable", "Outcome", "PayloadDiffers", "IdRuleDiffers",
+    "PriorityFigures", "Pruned", "Queue", "QueueError", "State",
     "Status", "SystemClock", "TransientError", "Transition", "UnknownEvent", "backoff_seconds",
     "canonical_json", "drain", "finish", "migrate", "parse_batch", "process_one", "read_batch",
 ]

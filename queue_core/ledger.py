@@ -22,11 +22,12 @@ from .sqlite import has_table
 from .stores import open_store
 from .transitions import EXPIRED, rows_among
 from .priority import DEFAULT_PRIORITY, PRIORITY_SINCE
-from .values import Compacted, Effect, Message, Metrics, PriorityFigures, State, Status, Transition
+from .values import (Compacted, Effect, Message, Metrics, PriorityFigures, State, Status,
+                     Transition)
 
-__all__ = ["CONTRAST_LEDGER", "EffectRow", "Snapshot", "read_compacted", "read_digests",
-           "has_priority", "read_effects", "read_effects_among", "read_journal", "read_journal_after",
-           "read_messages", "read_messages_among", "read_metrics", "read_status", "read_version",
+__all__ = ["CONTRAST_LEDGER", "EffectRow", "Snapshot", "has_priority", "read_compacted",
+           "read_digests", "read_effects", "read_effects_among", "read_journal",
+           "read_journal_after", "read_messages", "read_messages_among", "read_metrics", "read_status", "read_version",
            "rows_among", "snapshot"]
 
 # A table of effects that the course's broken contrasts write instead of

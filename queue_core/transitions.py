@@ -72,7 +72,7 @@ CLAIM = ("UPDATE messages SET state = 'leased', attempts = attempts + 1, "
          "generation = generation + 1, lease_until = ? "
          "WHERE state = 'ready' AND event_id {picked} "
          "RETURNING event_id, 'ready' AS from_state, 'leased' AS to_state, generation, "
-         f"attempts, 'claimed' AS reason, lease_until, available_at, payload, "
+         "attempts, 'claimed' AS reason, lease_until, available_at, payload, "
          f"{CLAIM_ORDER} AS claim_order")
 # The leases' order in CLAIM's rows.
 CLAIMED_ORDER = ("claim_order", "event_id")

@@ -1,4 +1,5 @@
-"""Schema 3 -> 4 of a SQLite queue file: a message's priority, and the live index in the claim's order.
+"""Schema 3 -> 4 of a SQLite queue file: a message's priority, and the live index in the
+claim's order.
 
 A message now has a priority (``priority``), a head start in the claim's
 order. The column is added with its constant default, 0, which SQLite reads
