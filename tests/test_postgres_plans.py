@@ -295,6 +295,14 @@ def claims_plan(dsn: str, now: int) -> list[tuple[str, str | None]]:
     return [(node["Node Type"], node.get("Index Name")) for node in plan_nodes(plan)]
 
 
+def due_plan(dsn: str, now: int) -> list[tuple[str, str | None]]:
+    """The claim's due read alone, as it locks its rows: its plan's nodes (type, index)."""
+    due = DUE.replace("?", "%s") + " FOR NO KEY UPDATE SKIP LOCKED"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + due, (now, now, 1)).fetchone()[0][0]["Plan"]
+    return [(node["Node Type"], node.get("Index Name")) for node in plan_nodes(plan)]
+
+
 def due_buffers(dsn: str, now: int) -> int:
     """Buffers the claim's due read touches, read as the claim reads it (locking, in
     a transaction rolled back); once before, as the session's first read of the
@@ -322,32 +330,40 @@ def test_the_claim_is_one_index_scan_of_the_live_index_and_reads_as_much_with_pr
             queue = Queue(dsn, clock=clock, lease_seconds=LEASE)
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("ALTER TABLE messages SET (autovacuum_enabled = false)")
-            plans, buffers = [], []
+            plans, reads, buffers = [], [], []
             for number in range(ROUNDS):  # each round: more history, the same ready rows
                 enqueue_mixed(queue, number * ENQUEUED, ENQUEUED, mix != "all 0")
                 drain(queue, Handler(), batch_size=100, max_messages=ENQUEUED - LEFT_READY)
                 # as it is (in the first round never vacuumed nor analyzed: a new queue)
                 plans.append(claims_plan(with_options(dsn, PLANNERS[planner]), clock.now()))
+                reads.append(due_plan(with_options(dsn, PLANNERS[planner]), clock.now()))
                 with psycopg.connect(dsn, autocommit=True) as conn:  # the dead versions gone
                     conn.execute("VACUUM ANALYZE messages" if analyzed else "VACUUM messages")
                 plans.append(claims_plan(with_options(dsn, PLANNERS[planner]), clock.now()))
+                reads.append(due_plan(with_options(dsn, PLANNERS[planner]), clock.now()))
                 buffers.append(due_buffers(with_options(dsn, PLANNERS[planner]), clock.now()))
                 drain(queue, Handler(), batch_size=100)
                 clock.advance(10)
-            found[mix] = (plans, buffers, counts(dsn))
+            found[mix] = (plans, reads, buffers, counts(dsn))
 
-    for mix, (plans, buffers, stored) in found.items():
+    for mix, (plans, reads, buffers, stored) in found.items():
         for nodes in plans:  # the due read: one ordered walk of messages_live, no sort
             assert [node for node in nodes if node[1] == "messages_live"] == [
                 ("Index Scan", "messages_live")], (mix, nodes)
-            assert not any("Sort" in kind or kind == "Seq Scan" for kind, _ in nodes), nodes
+            assert not any("Sort" in kind for kind, _ in nodes), nodes
+        # and nothing else reads messages for it. (The UPDATE then finds the rows it
+        # picked by key; on a table this small PostgreSQL 16 may read it whole for
+        # that, a choice of its costs that does not depend on the priorities.)
+        for nodes in reads:
+            assert nodes == [("Limit", None), ("LockRows", None),
+                             ("Index Scan", "messages_live")], (mix, nodes)
         assert stored == {"findings": [], "total": ROUNDS * ENQUEUED,
                           "effects": ROUNDS * ENQUEUED, "states": {"done": ROUNDS * ENQUEUED}}
     # The same buffers per claim as history grows, and with priorities as without, to
     # one page: which leaf the ready range begins on, after the done entries before it,
     # moves with their number, and the read may step to the next leaf (1,000 and 400
     # ready gave 6 and 6 here, 500 and 200 gave 6 and 5)
-    flat = {mix: set(buffers) for mix, (_, buffers, _) in found.items()}
+    flat = {mix: set(buffers) for mix, (_, _, buffers, _) in found.items()}
     assert all(len(each) == 1 for each in flat.values()), flat
     (plain,), (mixed,) = flat.values()
     assert abs(mixed - plain) <= 1 and max(plain, mixed) <= 8, flat
