@@ -93,6 +93,25 @@ def test_under_the_head_start_every_wait_is_within_its_bound_and_strict_priority
         9: ({"ready": 21, "leased": 0, "done": 540, "dead": 0}, 20)}
 
 
+def test_the_try_it_load_of_chapter_15_gives_the_waits_and_bounds_its_text_names(
+        tmp_path: Path) -> None:
+    """Two refunds a second for a worker that takes two: the chapter's "Try it here
+    too" tells the learner to expect 569 s and 30 s, against 570.5 s and 31.5 s."""
+    load = Load(bulk=60, urgent_per_second=2, seconds=900, rate=2)
+    head, _ = played(tmp_path, "head start", load)
+    waits = read_waits(head)
+    found = {}
+    for priority in (0, 9):
+        ahead = max(w.ahead for w in waits if w.priority == priority)
+        found[priority] = (longest_wait(waits, priority).seconds,
+                           wait_bound(priority, ahead, load.urgent_per_second, load.rate))
+    assert found == {0: (569, 570.5), 9: (30, 31.5)}
+    assert all(w.seconds <= wait_bound(w.priority, w.ahead, 2, 2) for w in waits)
+    status = head.status()
+    assert (status.states["done"], status.effects, dict(status.totals)) == (
+        load.messages, load.messages, {"book": 60 * 1500, "refund": 1800 * 4200})
+
+
 def test_an_order_due_more_than_nine_minutes_earlier_goes_first_under_the_head_start_only(
         tmp_path: Path) -> None:
     claimed = {}
