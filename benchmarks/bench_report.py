@@ -312,8 +312,9 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
      "consumer side, ours FULL* with a process running prune(0) in a loop beside the worker "
      "vs the same case without it, same rounds", _prune_beside, 0.9, True),
     ("longest prune transaction, ms",
-     f"one batch of at most {PRUNE_BATCH} done messages of 2 KB, BEGIN IMMEDIATE to its fsynced "
-     "commit, no other writer (the write lock's hold), this machine's flush", _longest_prune_ms,
+     f"one batch of at most {PRUNE_BATCH} done messages of 2 KB, BEGIN IMMEDIATE to its commit "
+     "(written, not fsynced, as the package commits it), no other writer (the write lock's hold)",
+     _longest_prune_ms,
      10.0, False),
     ("SQLite worker-loop step, priorities 0-9 vs all 0",
      "ACK + claim of the next in one transaction, FULL*, on the same events each at priority "

@@ -224,12 +224,13 @@ def _mb(count: float) -> str:
 def lifetime_lines(results: dict[str, Any]) -> list[str]:
     """The queue over its lifetime: the steady load pruned and not, prune beside the
     workers, PostgreSQL's space after prune and VACUUM, migrate beside a running
-    worker of the previous engine. Every commit is ours at synchronous=FULL."""
+    worker of the previous engine. Every queue is ours at synchronous=FULL."""
     found = results.get("lifetime") or {}
     if not found:
         return []
-    lines = ["", "the queue over its lifetime (every commit synchronous=FULL: each ACK, "
-             "enqueue and prune transaction fsynced, claims without an fsync of their own)"]
+    lines = ["", "the queue over its lifetime (every commit synchronous=FULL: each ACK and "
+             "enqueue fsynced; claims and prune's transactions without an fsync of their own, "
+             "as the package commits them)"]
     steady = found.get("steady")
     if steady:
         files, window = steady["files"], steady["window"]

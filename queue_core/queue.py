@@ -90,8 +90,10 @@ class Queue(QueueAcks, QueueViews):
     ``synchronous`` is SQLite's durability setting. At ``FULL`` (the
     default) every commit a caller is told is durable (enqueue, the ACK with
     its effect, fail, redrive) is fsynced before the call returns, and a
-    claim commits without an fsync of its own (see ``claim_batch``);
-    ``fsync_claims=True`` fsyncs claims too. ``NORMAL`` fsyncs nothing per
+    claim commits without an fsync of its own (see ``claim_batch``), as
+    does each of ``prune``'s transactions (see ``retention``: a lost prune
+    only leaves what it dropped in place); ``fsync_claims=True`` fsyncs
+    those too. ``NORMAL`` fsyncs nothing per
     commit: a labelled trade of durability on power loss for speed.
     ``create=False`` refuses a missing file instead of creating it.
     ``ids`` is the rule a new queue's event ids follow (``ids``: ``course``,
@@ -119,8 +121,10 @@ class Queue(QueueAcks, QueueViews):
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
         self.synchronous = synchronous
-        # Only a FULL connection has an fsync to skip: at NORMAL every commit is relaxed.
-        self.relaxed_claims = synchronous == "FULL" and not fsync_claims
+        # The commits that promise a caller nothing durable (claims, prune's) skip
+        # their own fsync. Only a FULL connection has one to skip: at NORMAL every
+        # commit is relaxed.
+        self.relaxed_commits = synchronous == "FULL" and not fsync_claims
         self._session: sqlite3.Connection | None = None
         # The two statements that change the rows a read picks (``transitions``).
         self._claim_sql = picking(CLAIM, DUE, self.store.picked)
@@ -291,7 +295,7 @@ class Queue(QueueAcks, QueueViews):
         # until its lease expires, which the protocol already handles. An ACK
         # can never survive without the claim it fences: the ACK's fsync of
         # the WAL covers every frame written before it.
-        with self.transaction(relaxed=self.relaxed_claims) as conn:
+        with self.transaction(relaxed=self.relaxed_commits) as conn:
             crash_point("claim.after_begin")
             journal: list[tuple[Any, ...]] = []
             claimed = self._claim(conn, self.clock.now(), limit, journal)

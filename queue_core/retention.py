@@ -30,6 +30,19 @@ row is left for a later prune (SQLite numbers a new row after the largest
 one present). On a SQLite file made with incremental auto-vacuum (every
 file this version creates) the pages freed are then given back to the file
 system; on an older file they are reused by the file as it grows.
+
+Durability: on SQLite each of prune's transactions commits without an fsync
+of its own (``synchronous=NORMAL`` for that transaction, as a claim does;
+``Queue(fsync_claims=True)`` fsyncs them too). Prune promises nothing that a
+power loss could take back: what it keeps (the key, the digest, the effect)
+was made durable by the enqueue's and the ACK's own fsynced commits, and what
+a lost prune commit leaves is the message as it was before, payload and
+journal whole, which the audit accepts and the next prune prunes. The WAL
+keeps commits in order, so a power cut leaves a prefix of them: no later
+fsynced commit survives without the prune commits before it. A prune
+fsynced at every batch cost a worker beside it a flush per batch: the one
+resource the worker's own commits wait for. On PostgreSQL every commit is
+durable (``relaxed`` is ignored there).
 """
 
 from __future__ import annotations
@@ -57,6 +70,7 @@ class Queue(Protocol):
 
     clock: Clock
     store: Store
+    relaxed_commits: bool  # commit without an fsync of its own (SQLite at FULL)
 
     def _require_current_schema(self) -> None: ...
     @property
@@ -178,7 +192,8 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
             steps = _journal_of(queue, set(ids)) if ids else {}
             for start in range(0, len(ids), batch_size):
                 started = time.perf_counter()
-                with polling(LOCK_POLL_SECONDS), queue.transaction() as conn:
+                with polling(LOCK_POLL_SECONDS), \
+                        queue.transaction(relaxed=queue.relaxed_commits) as conn:
                     crash_point("prune.after_begin")
                     queue.store.serialize_enqueue(conn)  # PostgreSQL: one prune or enqueue at a time
                     done, refused, dropped, held = _one_batch(
@@ -312,7 +327,7 @@ def _give_back(queue: Queue) -> None:
     conn = queue.connection
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # 2: INCREMENTAL
         while conn.execute("PRAGMA freelist_count").fetchone()[0] >= VACUUM_PAGES:
-            with polling(LOCK_POLL_SECONDS), queue.transaction():
+            with polling(LOCK_POLL_SECONDS), queue.transaction(relaxed=queue.relaxed_commits):
                 # One page per statement: ``incremental_vacuum(N)`` gives back a page
                 # per step, and Python 3.11's sqlite3 steps it once where 3.12 steps
                 # it to the end, so N in one statement would depend on the Python.

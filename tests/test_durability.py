@@ -2,9 +2,10 @@
 connection the queue uses for it.
 
 A claim commits without an fsync of its own (``synchronous=NORMAL`` for that
-one transaction); everything a caller is told is durable (enqueue, the ACK
-with its effect, the worker loop's ACK that claims the next, fail, release,
-redrive) commits at ``FULL``. The level is read inside
+one transaction), and so does each transaction of a prune, which promises
+nothing a power loss could take back; everything a caller is told is durable
+(enqueue, the ACK with its effect, the worker loop's ACK that claims the
+next, fail, release, redrive) commits at ``FULL``. The level is read inside
 each transaction, on its own connection: through the public ``transaction``
 hook, through a handler that asks the ACK's connection, and, in a session,
 by replaying the statements the session's connection ran.
@@ -25,8 +26,9 @@ FULL, NORMAL = 2, 1  # what ``PRAGMA synchronous`` answers
 BATCH = "".join(f'{{"event_id": "E000{i}", "payload": {{"category": "book", "amount_cents": {i}00}}}}\n'
                 for i in (1, 2, 3))
 KINDS = ("enqueue", "claim", "complete_and_claim", "release", "claim_batch", "complete_batch",
-         "fail", "redrive", "claim recovering an expired lease", "complete")
-CLAIMS = {"claim", "claim_batch", "claim recovering an expired lease"}
+         "fail", "redrive", "claim recovering an expired lease", "complete", "prune")
+# what commits without an fsync of its own: the claims, and prune's one batch here
+RELAXED = {"claim", "claim_batch", "claim recovering an expired lease", "prune"}
 
 
 class Probe(Queue):
@@ -91,11 +93,13 @@ def every_kind(queue: Probe, clock: ModelClock, handler: Handler) -> dict[str, l
     recovered = run("claim recovering an expired lease", queue.claim)
     assert (recovered.event_id, recovered.generation) == ("E0003", abandoned.generation + 1)
     run("complete", lambda: queue.complete(recovered, handler))
+    pruned = run("prune", lambda: queue.prune(0))  # E0001 and E0002; E0003 owns the last row
+    assert (pruned.messages, pruned.batches) == (2, 1)
     return levels
 
 
 def expected(claims: int, others: int) -> dict[str, list[int]]:
-    return {kind: [claims if kind in CLAIMS else others] for kind in KINDS}
+    return {kind: [claims if kind in RELAXED else others] for kind in KINDS}
 
 
 def assert_exactly_once(path: Path) -> None:
@@ -114,7 +118,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("in_session", [False, True], ids=["own connection per call", "session"])
 @pytest.mark.parametrize("config", CONFIGS)
-def test_claims_commit_at_normal_and_every_promise_to_a_caller_at_full(
+def test_claims_and_prune_commit_at_normal_and_every_promise_to_a_caller_at_full(
         db_path: Path, model_clock: ModelClock, config: str, in_session: bool) -> None:
     options, levels = CONFIGS[config]
     queue = Probe(db_path, clock=model_clock, lease_seconds=2, **options)
@@ -155,7 +159,8 @@ def test_the_session_connection_commits_each_transaction_at_the_level_its_statem
     before_the_abandoned_claim = KINDS[:KINDS.index("redrive") + 1]
     assert at_commit == [*[level for kind in before_the_abandoned_claim for level in levels[kind]],
                          levels["claim"][0],  # the claim whose holder never came back
-                         *levels["claim recovering an expired lease"], *levels["complete"]]
+                         *levels["claim recovering an expired lease"], *levels["complete"],
+                         *levels["prune"]]
     assert after == (NORMAL if config == "synchronous NORMAL" else FULL)  # a relaxed claim restores FULL
     assert_exactly_once(db_path)
 

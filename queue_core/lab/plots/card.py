@@ -154,7 +154,8 @@ ROWS: dict[str, Row] = {
                    "`dead → ready`, `attempts = 0`, `generation` kept",
                    (UNKNOWN, ("NotRedrivable", ("not_redrivable", "invalid_event_id")))),
     "prune": Row(
-        "short writes of up to `batch_size` messages each, beside running workers",
+        "short writes of up to `batch_size` messages each, beside running workers; on SQLite "
+        "each commits without an fsync of its own (a lost one only leaves the messages whole)",
         "only `done` messages that finished at least `older_than` seconds ago, whose journal "
         "the audit accepts; never the owner of the journal's last row",
         "payload dropped (its SHA-256 stays), journal rows replaced by one compacted record; "
