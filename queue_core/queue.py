@@ -174,7 +174,7 @@ class Queue(QueueAcks, QueueViews):
 
         The hook every transition runs in, and subclasses too: commit on
         success, roll back on any exception. ``relaxed=True`` commits it
-        without an fsync (claims only; see ``claim_batch``).
+        without an fsync (claims and prune's; see ``claim_batch``).
         """
         self._require_current_schema()
         # In a session the transaction helper is entered directly: a worker

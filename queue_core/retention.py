@@ -56,7 +56,7 @@ from typing import Any, Callable, ContextManager, Protocol, TypeVar
 from . import audit
 from .crashpoints import crash_point
 from .priority import CLAIM_ORDER
-from .sqlite import BUSY_TIMEOUT_SECONDS, SQLITE_BUSY, polling
+from .sqlite import BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, SQLITE_BUSY, polling
 from .values import State, Transition
 
 from .clock import Clock
@@ -85,7 +85,7 @@ READ_AHEAD = 10             # batches whose candidates and journal rows one read
 VACUUM_PAGES = 64           # pages given back per incremental-vacuum transaction
 _EARLIEST = -(2**63)        # the least 64-bit integer, the earliest cutoff both stores take
 LOCK_POLL_SECONDS = 0.0002  # how often a prune asks again for SQLite's write lock (``polling``)
-WAL_TRUNCATE_BYTES = 1024 * 1024  # a WAL this long is truncated after a prune, if idle
+WAL_TRUNCATE_BYTES = 1024 * 1024  # a WAL this long is truncated after a quiet prune
 
 # The done messages old enough to prune, oldest first, from the ``done`` range of
 # ``messages_live`` (a pruned message leaves it), in the index's order (the claim's,
@@ -185,6 +185,7 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
     waiting: str | None = None
     with queue.session():
         size_before = _file_bytes(queue)
+        writes_before = _writes_of_others(queue)
         while True:
             ahead = batch_size * READ_AHEAD
             ids, waiting = queue._read(
@@ -207,7 +208,7 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
                 skipped += held
             if len(ids) < ahead:
                 break
-        _give_back(queue)
+        _give_back(queue, quiet_since=writes_before if pruned else None)
         freed = max(0, size_before - _file_bytes(queue))
     return Pruned(older_than, now, pruned, rows, tuple(kept), batches, freed, longest, waiting,
                   tuple(skipped), queue.store.name)
@@ -312,15 +313,31 @@ def _file_bytes(queue: Queue) -> int:
                            * conn.execute("PRAGMA page_size").fetchone()[0]))
 
 
-def _give_back(queue: Queue) -> None:
+def _writes_of_others(queue: Queue) -> int | None:
+    """SQLite's count of the commits other connections made to the file (``PRAGMA
+    data_version``, read without a lock); ``None`` on PostgreSQL."""
+    if queue.store.name != "sqlite":
+        return None
+    return int(queue.connection.execute("PRAGMA data_version").fetchall()[0][0])
+
+
+def _give_back(queue: Queue, *, quiet_since: int | None) -> None:
     """Give the freed pages back to the file system, a few at a time (SQLite with
     incremental auto-vacuum: each ``incremental_vacuum`` is its own short write
     transaction), once at least ``VACUUM_PAGES``
-    are free (fewer are simply reused by the next writes). Then, once the WAL
-    has grown past ``WAL_TRUNCATE_BYTES``, copy it into the file and truncate it
-    to nothing if no other connection is using it at that moment
-    (``wal_checkpoint(TRUNCATE)``, which then does not wait): SQLite reuses a WAL
-    from its start after each checkpoint, but never shortens the file by itself.
+    are free (fewer are simply reused by the next writes). Then copy the WAL
+    into the file and truncate it to nothing (``wal_checkpoint(TRUNCATE)``,
+    which then does not wait for a lock) if it has grown past
+    ``WAL_TRUNCATE_BYTES`` after a prune that pruned, and no other
+    connection committed since ``quiet_since`` (the ``_writes_of_others``
+    the prune began with), or if it has grown past twice the size SQLite's
+    checkpoints reuse it at (``CHECKPOINT_PAGES``; a long read or a large
+    transaction grew it). SQLite reuses a WAL from its start after each
+    checkpoint, but never shortens the file by itself while a connection is
+    open. Beside running workers a truncation holds their write lock for a
+    whole checkpoint, its fsyncs included, and their next commits grow the
+    WAL back to its usual size: a prune looping beside one worker that
+    truncated after every prune cost the worker more than half its rate.
     """
     if queue.store.name != "sqlite":
         return  # PostgreSQL reuses the space once (auto)vacuum has run
@@ -334,7 +351,10 @@ def _give_back(queue: Queue) -> None:
                 for _ in range(VACUUM_PAGES):
                     conn.execute("PRAGMA incremental_vacuum(1)").fetchall()
     wal = f"{queue.store.target}-wal"
-    if not os.path.exists(wal) or os.path.getsize(wal) < WAL_TRUNCATE_BYTES:
+    size = os.path.getsize(wal) if os.path.exists(wal) else 0
+    grown = 2 * CHECKPOINT_PAGES * conn.execute("PRAGMA page_size").fetchone()[0]
+    quiet = quiet_since is not None and _writes_of_others(queue) == quiet_since
+    if size < WAL_TRUNCATE_BYTES or (not quiet and size < grown):
         return
     conn.execute("PRAGMA busy_timeout = 0")
     try:

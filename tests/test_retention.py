@@ -366,7 +366,7 @@ def test_free_pages_go_back_a_full_step_at_a_time_on_every_python(db_path: Path)
     assert free >= 2 * VACUUM_PAGES + 1
 
     with queue.session():
-        _give_back(queue)
+        _give_back(queue, quiet_since=None)
 
     left = free % VACUUM_PAGES
     assert (raw.execute("PRAGMA freelist_count").fetchone()[0],
@@ -409,3 +409,84 @@ def test_a_postgresql_prune_speaks_of_a_sequence_and_vacuum_not_of_sqlites_file(
     assert "E0001 waits for a later prune" in said
     for sqlite_only in ("file system", "pages", "journal number is ever used twice"):
         assert sqlite_only not in said
+
+
+def a_long_wal(db_path: Path, clock: ModelClock) -> tuple[Queue, sqlite3.Connection]:
+    """400 done orders of 2 KB, old enough to prune, on a file whose -wal has grown past
+    ``WAL_TRUNCATE_BYTES``; a second connection stays open (as a worker's does), so the
+    -wal is not removed when the queue's own connections close."""
+    from queue_core.retention import WAL_TRUNCATE_BYTES
+    queue = Queue(db_path, clock=clock)
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("CREATE TABLE beside (n INTEGER)")
+    note = "x" * 2000
+    queue.enqueue_jsonl("\n".join(json.dumps({"event_id": f"E{i:04d}", "payload": {
+        "category": "book", "amount_cents": i, "note": note}}) for i in range(1, 401)))
+    drain(queue, Handler())
+    queue.enqueue_jsonl('{"event_id": "E9999", "payload": {"category": "pen", "amount_cents": 1}}')
+    clock.advance(10)
+    assert Path(f"{db_path}-wal").stat().st_size > WAL_TRUNCATE_BYTES
+    return queue, other
+
+
+def committing_beside(monkeypatch: pytest.MonkeyPatch, other: sqlite3.Connection) -> None:
+    """After each of the prune's batches commits, ``other`` commits a row: the prune
+    runs beside a writer, as beside a worker."""
+    from queue_core import retention
+    point = retention.crash_point
+
+    def and_another_commit(name: str) -> None:
+        point(name)
+        if name == "prune.after_commit":
+            other.execute("INSERT INTO beside VALUES (1)")
+    monkeypatch.setattr(retention, "crash_point", and_another_commit)
+
+
+def test_a_quiet_prune_truncates_a_long_wal_and_one_beside_a_writer_leaves_it(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Beside running workers a truncation holds their write lock for a whole
+    # checkpoint: truncating after every prune of a loop cost the worker beside
+    # it more than half its rate.
+    wal = Path(f"{db_path}-wal")
+    queue, other = a_long_wal(db_path, ModelClock(1000))
+    size = wal.stat().st_size
+    with monkeypatch.context() as beside:
+        committing_beside(beside, other)
+        busy = queue.prune(5)
+
+    assert busy.messages == 400 and wal.stat().st_size >= size
+    queue.enqueue_jsonl('{"event_id": "E9998", "payload": {"category": "pen", "amount_cents": 2}}')
+    drain(queue, Handler())
+    queue.clock.advance(10)
+
+    quiet = queue.prune(5)
+
+    assert quiet.messages == 1 and wal.stat().st_size == 0
+    other.close()
+    assert audit.findings(db_path) == [] and audit.snapshot(db_path).money == sum(
+        range(1, 401)) + 1 + 2
+
+
+def test_a_wal_grown_past_twice_its_checkpoints_size_is_truncated_even_beside_a_writer(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from queue_core.sqlite import CHECKPOINT_PAGES
+    wal = Path(f"{db_path}-wal")
+    queue, other = a_long_wal(db_path, ModelClock(1000))
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM messages").fetchone()  # holds the -wal's start
+    page = other.execute("PRAGMA page_size").fetchone()[0]
+    other.execute("CREATE TABLE scratch (blob BLOB)")
+    other.executemany("INSERT INTO scratch VALUES (?)",
+                      [(bytes(page * 8),)] * (2 * CHECKPOINT_PAGES // 8 + 64))
+    other.execute("DROP TABLE scratch")
+    reader.execute("COMMIT")
+    reader.close()
+    assert wal.stat().st_size > 2 * CHECKPOINT_PAGES * page
+    committing_beside(monkeypatch, other)
+
+    pruned = queue.prune(5)
+
+    assert pruned.messages == 400 and wal.stat().st_size == 0
+    other.close()
+    assert audit.findings(db_path) == [] and audit.snapshot(db_path).money == sum(range(1, 401))

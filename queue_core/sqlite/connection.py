@@ -166,8 +166,9 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
 
     ``relaxed=True`` commits this one transaction at ``synchronous=NORMAL``
     (in WAL mode: its frames are written, not fsynced) and sets the
-    connection back to FULL afterwards. The queue uses it for claims only;
-    see ``Queue.claim_batch`` for why that loses nothing a caller was told.
+    connection back to FULL afterwards. The queue uses it for claims and
+    prune's transactions; see ``Queue.claim_batch`` and ``retention`` for why
+    that loses nothing a caller was told.
 
     ``version``, if given, is the schema version the body's statements are
     written for: it is read again under the write lock, where no other
