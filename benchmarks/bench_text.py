@@ -304,12 +304,11 @@ def lifetime_lines(results: dict[str, Any]) -> list[str]:
                      f"; its longest batch "
                      f"{beside['longest_s'] * 1000:.1f} ms, waiting for the lock included")
         if not beside["kept_up"]:
-            lines.append("  the prune did not keep up, so this ratio is not the target's "
-                         "premise: a worker that commits back to back leaves the write lock "
-                         "free only between its transactions, and the pruner's BEGIN IMMEDIATE "
-                         "retries on SQLite's busy handler, which sleeps between tries (up to "
-                         "100 ms): it seldom lands in that gap, and once it holds the lock the "
-                         "worker sleeps the same way")
+            lines.append("  the prune did not keep up (it fell further behind than the "
+                         f"{beside['bound_min']:.0f} messages the worker finishes in three of "
+                         "its 20 ms pauses), so this ratio is not the target's premise: a "
+                         "prune that lags holds the lock for fewer messages than the worker "
+                         "finished")
     pages = found.get("ack_pages")
     if pages:
         lines.append(f"the worker loop's ACK that claims the next message wrote "
