@@ -57,7 +57,8 @@ from . import audit
 from .crashpoints import crash_point
 from .priority import CLAIM_ORDER
 from .sqlite import BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, SQLITE_BUSY, polling
-from .values import State, Transition
+from .ledger import EffectRow
+from .values import Message, State, Transition
 
 from .clock import Clock
 from .stores import Store
@@ -116,7 +117,8 @@ class Pruned:
     bytes_freed: int
     longest_batch_seconds: float  # the longest write-lock hold of one batch (wall clock)
     waiting: str | None = None  # old enough, but it owns the journal's newest row
-    skipped: tuple[str, ...] = ()  # old enough, but another transaction holds its row
+    skipped: tuple[str, ...] = ()  # old enough, but another transaction holds its row,
+    # or its row or effect changed after it was judged (``_one_batch``)
     store: str = "sqlite"
 
     def lines(self) -> list[str]:
@@ -139,8 +141,8 @@ class Pruned:
             said.append(f"{self.waiting} waits for a later prune: it owns the journal's newest "
                         f"row, {why}")
         if self.skipped:
-            said.append(f"skipped {len(self.skipped)} that another transaction holds "
-                        f"({', '.join(self.skipped[:5])}): a later prune takes "
+            said.append(f"skipped {len(self.skipped)} that another transaction holds or has "
+                        f"just changed ({', '.join(self.skipped[:5])}): a later prune takes "
                         f"{'it' if len(self.skipped) == 1 else 'them'}")
         if self.kept:
             said.append(f"kept whole {len(self.kept)} whose journal the audit does not "
@@ -164,9 +166,11 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
     up to ``READ_AHEAD`` batches at a time, in one read transaction, then their
     journal rows, a page of ``_JOURNAL_PAGE`` rows per read transaction (a
     done message's rows never change, and only a prune removes them, so the
-    pages need not share one moment). Each batch's write transaction then
-    reads the batch's messages again by key, judges their journal and writes:
-    a few milliseconds under the lock.
+    pages need not share one moment), then their rows and effects, which the
+    journal and the audit's rules judge (``_judge``). Each batch's write
+    transaction then reads the batch's rows and effects again by key, prunes
+    those that are still the ones judged, and writes: about a millisecond
+    under the lock.
     """
     if isinstance(older_than, bool) or not isinstance(older_than, int) or older_than < 0:
         raise ValueError(f"older_than must be a whole number of seconds, 0 or more, "
@@ -190,23 +194,27 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
             ahead = batch_size * READ_AHEAD
             ids, waiting = queue._read(
                 lambda conn: _read_ahead(conn, cutoff, ahead, kept + skipped))
+            found = len(ids)
             steps = _journal_of(queue, set(ids)) if ids else {}
+            judged, refused = queue._read(lambda conn: _judge(conn, ids, steps)) if ids \
+                else ({}, [])
+            kept += refused
+            ids = [event_id for event_id in ids if event_id in judged]
             for start in range(0, len(ids), batch_size):
                 started = time.perf_counter()
                 with polling(LOCK_POLL_SECONDS), \
                         queue.transaction(relaxed=queue.relaxed_commits) as conn:
                     crash_point("prune.after_begin")
                     queue.store.serialize_enqueue(conn)  # PostgreSQL: one prune or enqueue at a time
-                    done, refused, dropped, held = _one_batch(
-                        conn, queue.store.picked, ids[start:start + batch_size], steps)
+                    done, dropped, held = _one_batch(
+                        conn, queue.store.picked, ids[start:start + batch_size], judged)
                     crash_point("prune.before_commit")
                 crash_point("prune.after_commit")
                 longest = max(longest, time.perf_counter() - started)
                 batches += bool(done)
                 pruned, rows = pruned + done, rows + dropped
-                kept += refused
                 skipped += held
-            if len(ids) < ahead:
+            if found < ahead:
                 break
         _give_back(queue, quiet_since=writes_before if pruned else None)
         freed = max(0, size_before - _file_bytes(queue))
@@ -228,45 +236,81 @@ def _read_ahead(conn: Any, cutoff: int, limit: int, skip: list[str]
     return ids, waiting
 
 
-def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
-               steps: dict[str, list[Transition]]) -> tuple[int, list[str], int, list[str]]:
-    """Prune the messages ``ids`` inside the caller's write transaction, each judged
-    by its journal rows ``steps`` read ahead: (pruned, kept whole, journal rows,
-    skipped). A message whose row another transaction holds is skipped, as a claim
-    skips it (``Store.picked``: on PostgreSQL a ``SELECT ... FOR UPDATE`` elsewhere
-    would otherwise stop the whole prune at its lock timeout)."""
-    last = conn.execute("SELECT event_id FROM transitions "
-                        "ORDER BY seq DESC LIMIT 1").fetchone()
-    # read again under the lock: another prune may have taken one meanwhile
+@dataclass(frozen=True)
+class _Judged:
+    """A done message the audit accepts, as read before the write lock: its row, its
+    effect, the compacted record that replaces its journal, and its journal rows."""
+
+    message: Message
+    effect: EffectRow
+    record: tuple[Any, ...]
+    seqs: list[int]
+
+
+def _judge(conn: Any, ids: list[str], steps: dict[str, list[Transition]]
+           ) -> tuple[dict[str, _Judged], list[str]]:
+    """The messages ``ids`` judged by their journal rows ``steps`` and their effect,
+    in one read outside the write lock: those the audit accepts, and those it does
+    not (kept whole). A done message never changes but by a prune, nor does its
+    effect or its journal, so the judgement holds under the lock if its row and
+    its effect read there are the ones judged (``_one_batch``)."""
     messages = {m.event_id: m for m in audit.read_messages_among(conn, ids)
                 if m.state == State.DONE and m.payload is not None}
-    ids = [event_id for event_id in ids
-           if event_id in messages and (last is None or event_id != last[0])]
-    if not ids:
-        return 0, [], 0, []
-    locked = {row[0] for row in audit.rows_among(
-        conn, "SELECT event_id FROM messages WHERE event_id "
-        + picked("SELECT event_id FROM messages WHERE event_id IN ({})"), ids)}
-    held = [event_id for event_id in ids if event_id not in locked]
-    ids = [event_id for event_id in ids if event_id in locked]
-    if not ids:
-        return 0, [], 0, held
     effects = audit.read_effects_among(conn, ids)
-    records, refused, seqs = [], [], []
+    judged: dict[str, _Judged] = {}
+    refused: list[str] = []
     for event_id in ids:
-        message, history = messages[event_id], steps.get(event_id, [])
+        message, history = messages.get(event_id), steps.get(event_id, [])
+        if message is None:
+            continue  # another prune took it meanwhile
         effect = effects.get(event_id)
         if effect is None or any(audit.history_findings(message, history)) or any(
                 audit.effect_findings(effect, message)):
             refused.append(event_id)
             continue
-        records.append((event_id, history[0].at, message.generation,
-                        sum(step.from_state == State.DEAD for step in history),
-                        len(history), effect.category, effect.amount_cents))
-        seqs += [step.seq for step in history]
-    compacted = [record[0] for record in records]
+        judged[event_id] = _Judged(message, effect, (
+            event_id, history[0].at, message.generation,
+            sum(step.from_state == State.DEAD for step in history), len(history),
+            effect.category, effect.amount_cents), [step.seq for step in history])
+    return judged, refused
+
+
+def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
+               judged: dict[str, _Judged]) -> tuple[int, int, list[str]]:
+    """Prune the messages ``ids``, judged before the lock (``_judge``), inside the
+    caller's write transaction: (pruned, journal rows, skipped). Under the lock
+    each row and effect is read again and must be the one judged (another prune,
+    or a hand on the file, may have changed it meanwhile: it is left for a later
+    prune, which judges it again), and a message whose row another transaction
+    holds is skipped, as a claim skips it (``Store.picked``: on PostgreSQL a
+    ``SELECT ... FOR UPDATE`` elsewhere would otherwise stop the whole prune at
+    its lock timeout). Only these reads and the writes hold the lock: judging a
+    message (its journal, its payload against its effect) took as long again."""
+    last = conn.execute("SELECT event_id FROM transitions "
+                        "ORDER BY seq DESC LIMIT 1").fetchone()
+    messages = {m.event_id: m for m in audit.read_messages_among(conn, ids)}
+    effects = audit.read_effects_among(conn, ids)
+    same = [event_id for event_id in ids
+            if messages.get(event_id) == judged[event_id].message
+            and effects.get(event_id) == judged[event_id].effect
+            and (last is None or event_id != last[0])]
+    if not same:
+        return 0, 0, [event_id for event_id in ids if event_id in messages
+                      and messages[event_id].payload is not None
+                      and (last is None or event_id != last[0])]
+    locked = {row[0] for row in audit.rows_among(
+        conn, "SELECT event_id FROM messages WHERE event_id "
+        + picked("SELECT event_id FROM messages WHERE event_id IN ({})"), same)}
+    compacted = [event_id for event_id in same if event_id in locked]
+    held = [event_id for event_id in ids if event_id not in compacted
+            and event_id in messages and messages[event_id].payload is not None
+            and (last is None or event_id != last[0])]
+    if not compacted:
+        return 0, 0, held
+    seqs = [seq for event_id in compacted for seq in judged[event_id].seqs]
     conn.executemany("INSERT INTO compacted (event_id, enqueued_at, claims, redrives, steps, "
-                     "category, amount_cents) VALUES (?, ?, ?, ?, ?, ?, ?)", records)
+                     "category, amount_cents) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     [judged[event_id].record for event_id in compacted])
     conn.executemany("UPDATE messages SET payload = NULL WHERE event_id = ? AND state = 'done' "
                      "AND payload IS NOT NULL", [(event_id,) for event_id in compacted])
     crash_point("prune.after_compact")
@@ -274,7 +318,7 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
         chunk = seqs[start:start + _CHUNK]
         conn.execute(f"DELETE FROM transitions WHERE seq IN ({', '.join('?' * len(chunk))})",
                      chunk)
-    return len(compacted), refused, len(seqs), held
+    return len(compacted), len(seqs), held
 
 
 def _journal_of(queue: Queue, ids: set[str]) -> dict[str, list[Transition]]:

@@ -244,6 +244,35 @@ def test_a_message_whose_journal_the_audit_refuses_is_kept_whole(db_path: Path) 
                                         "(E0002): run the audit")
 
 
+def test_a_message_edited_after_it_was_judged_is_left_for_the_next_prune(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The audit's rules judge a message before the write lock (only the reads that
+    # check it is still the row judged, and the writes, hold it): an edit between
+    # the judgement and the lock must not be pruned on the strength of the old row.
+    from queue_core import retention
+    queue, clock, _ = storied(str(db_path))
+    clock.set(2000)
+    judge = retention._judge
+
+    def then_edited(*args: object) -> object:
+        found = judge(*args)  # type: ignore[arg-type]
+        with sqlite3.connect(db_path) as other:
+            other.execute("UPDATE messages SET payload = '{\"amount_cents\":1,\"category\":"
+                          "\"pen\"}' WHERE event_id = 'E0002'")
+        other.close()
+        return found
+    with monkeypatch.context() as edited:
+        edited.setattr(retention, "_judge", then_edited)
+        first = queue.prune(100)
+
+    assert (first.messages, first.kept, first.skipped) == (2, (), ("E0002",))
+    assert queue.message("E0002").payload == '{"amount_cents":1,"category":"pen"}'
+    second = queue.prune(100)
+    assert (second.messages, second.kept) == (0, ("E0002",))  # judged again: refused
+    assert queue.message("E0002").payload is not None
+    assert "digest_differs" in [f.name for f in audit.findings(db_path)]
+
+
 def cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "queue_core", "--db", str(db), *args],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -390,7 +419,8 @@ def test_a_postgresql_prune_skips_a_row_another_session_holds_and_prunes_the_res
         "pruned 2 done messages finished at least 100 s before t=2000: their payloads and 8 "
         "journal rows dropped, in 1 transaction; keys, digests, effects and one compacted "
         "record each kept",
-        "skipped 1 that another transaction holds (E0002): a later prune takes it",
+        "skipped 1 that another transaction holds or has just changed (E0002): a later prune "
+        "takes it",
         "the space freed is reused for new rows once (auto)vacuum has run"]
     snap = audit.snapshot(queue.path)
     assert snap.messages["E0002"].payload is not None and snap.status.pruned == 2
