@@ -112,6 +112,9 @@ def postgres_sessions_bound_lock_waits_and_stalled_transactions() -> None:
     assert "-c lock_timeout=" in options and "-c idle_in_transaction_session_timeout=" in options
     assert "-c tcp_keepalives_idle=" in options and SESSION_SETTINGS["tcp_user_timeout"]
     assert TRANSACTION_TIMEOUT_SINCE == 170000  # transaction_timeout is set where it exists
+    reading = session_options("", reading=True)
+    assert "-c idle_in_transaction_session_timeout=0" in reading
+    assert "-c default_transaction_read_only=on" in reading and "-c lock_timeout=" in reading
     tests = (ROOT / "tests" / "test_hostage.py").read_text(encoding="utf-8")
     assert "hold_hostage" in tests and re.search(r"^def test_\w+", tests, re.MULTILINE)
 
@@ -201,9 +204,11 @@ FACTS = (
          (r"\bno way to (give|hand) (a message|it) back", r"\bno --max\b",
           r"\ba stop(ped worker)? leaves (a|the|its) (pre-?claimed )?message (waiting|leased)"),
          a_stop_gives_back_what_was_claimed_ahead),
-    Fact("Every PostgreSQL connection bounds itself: `lock_timeout`, `transaction_timeout` "
-         "where the server has it (17 and later), idle in transaction, TCP keepalives; a "
-         "worker stalled mid-transaction keeps its message at most 5 s on 17 and later.",
+    Fact("Every PostgreSQL connection that writes bounds itself: `lock_timeout`, "
+         "`transaction_timeout` where the server has it (17 and later), idle in transaction, "
+         "TCP keepalives; a worker stalled mid-transaction keeps its message at most 5 s on 17 "
+         "and later. A connection that only reads is read-only, without the transaction "
+         "limits.",
          (r"\bsets `?connect_timeout`? and nothing else",
           r"\bno (`?lock_timeout`?|keepalives?|statement timeout|idle[- ]in[- ]transaction)"
           r"[^.\n|]{0,40}(is set|outside the tests|in queue_core)",

@@ -216,3 +216,30 @@ def test_a_worker_whose_ack_waits_past_lock_timeout_reports_it_lost_and_finishes
     assert audit.check(final) == []
     assert (final.status.effects, final.money, dict(final.status.states)) == (
         3, 600, {"ready": 0, "leased": 0, "done": 3, "dead": 0})
+
+
+def test_a_reading_connection_outlasts_the_limits_and_writes_nothing(pg_dsn: str) -> None:
+    # The audit of a large queue is one snapshot read for longer than the write
+    # limits allow (a million events: past 5 s), and builds its rows in the client
+    # between statements. A reading connection holds no row lock: it has neither
+    # limit, and is read-only.
+    queue = Queue(pg_dsn, clock=ModelClock(1000))
+    queue.enqueue_jsonl('{"event_id": "E0001", "payload": {"category": "book", '
+                        '"amount_cents": 100}}')
+    store = PostgresStore(pg_dsn)
+
+    def slowly(conn: object) -> tuple[str, ...]:
+        first = conn.execute("SELECT count(*) FROM messages").fetchone()[0]  # type: ignore[attr-defined]
+        time.sleep(TRANSACTION_TIMEOUT_MS / 1000 + 0.5)  # idle in transaction, past both limits
+        settings = tuple(conn.execute(  # type: ignore[attr-defined]
+            f"SELECT current_setting('{name}', true)").fetchone()[0]
+            for name in ("transaction_read_only", "idle_in_transaction_session_timeout",
+                         "transaction_timeout"))
+        return (str(first),) + settings
+
+    found = store.read(slowly)
+    assert found[:3] == ("1", "on", "0")
+    assert found[3] in ("0", None)  # None: PostgreSQL 16 has no transaction_timeout
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        store.read(lambda conn: conn.execute("DELETE FROM effects"))
+    assert audit.findings(pg_dsn) == [] and queue.status().states["ready"] == 1

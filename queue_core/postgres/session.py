@@ -55,6 +55,15 @@ KEEPALIVE_IDLE_SECONDS = 10
 KEEPALIVE_INTERVAL_SECONDS = 5
 KEEPALIVE_COUNT = 3
 TCP_USER_TIMEOUT_MS = 25000
+# A connection that only reads (``Store.read``: the audit, status, a snapshot)
+# holds no row lock, so neither transaction limit has anything to free there,
+# and its one snapshot of a large queue outlasts them: the audit over a million
+# events reads for longer than 5 s, and builds its rows in the client between
+# statements. It is read-only instead, whatever its statements say.
+READING_SETTINGS = {
+    "idle_in_transaction_session_timeout": "0",
+    "default_transaction_read_only": "on",
+}
 # The settings sent in the startup packet (no round trip), every major alike.
 SESSION_SETTINGS = {
     "lock_timeout": str(LOCK_TIMEOUT_MS),
@@ -106,11 +115,13 @@ def given_options(dsn: str) -> str:
     return str(psycopg.conninfo.conninfo_to_dict(dsn).get("options") or "")
 
 
-def session_options(given: str) -> str:
-    """The startup packet's ``options``: this module's settings, then the
-    connection string's own, which win (a later ``-c`` overrides)."""
+def session_options(given: str, *, reading: bool = False) -> str:
+    """The startup packet's ``options``: this module's settings (a reading
+    connection's own, ``READING_SETTINGS``, over them), then the connection
+    string's own, which win (a later ``-c`` overrides)."""
     named = set(re.findall(r"-c\s*([A-Za-z_.]+)=", given))
-    ours = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items()
+    settings = {**SESSION_SETTINGS, **READING_SETTINGS} if reading else SESSION_SETTINGS
+    ours = " ".join(f"-c {name}={value}" for name, value in settings.items()
                     if name not in named)
     return f"{ours} {given}".strip()
 

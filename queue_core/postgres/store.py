@@ -89,16 +89,19 @@ class PostgresStore:
         port = f":{parts.port}" if parts.port else ""
         return f"postgresql://{host}{port}{parts.path or '/'}"
 
-    def connect(self, *, synchronous: str = "FULL") -> PgConnection:
+    def connect(self, *, synchronous: str = "FULL", reading: bool = False) -> PgConnection:
         """Open a connection; ``synchronous`` other than FULL stops waiting for
-        the server's WAL flush at commit (``synchronous_commit = off``)."""
+        the server's WAL flush at commit (``synchronous_commit = off``).
+        ``reading``: a read-only connection without the transaction limits
+        (``session.READING_SETTINGS``)."""
         given = given_options(self.target)
         try:
             raw = psycopg.connect(self.target, autocommit=True,
                                   connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                                  options=session_options(given), **CLIENT_SETTINGS)
+                                  options=session_options(given, reading=reading),
+                                  **CLIENT_SETTINGS)
             settings = [] if synchronous == "FULL" else ["synchronous_commit = off"]
-            if (raw.info.server_version >= TRANSACTION_TIMEOUT_SINCE
+            if (not reading and raw.info.server_version >= TRANSACTION_TIMEOUT_SINCE
                     and not re.search(r"-c\s*transaction_timeout=", given)):
                 # not in the startup packet: PostgreSQL 16 would refuse the name
                 settings.append(f"transaction_timeout = {TRANSACTION_TIMEOUT_MS}")
@@ -111,7 +114,7 @@ class PostgresStore:
         return PgConnection(raw, self.describe())
 
     def connect_readonly(self) -> PgConnection:
-        return self.connect()
+        return self.connect(reading=True)
 
     def read(self, body: Callable[[PgConnection], T]) -> T:
         conn = self.connect_readonly()
