@@ -56,8 +56,9 @@ from typing import Any, Callable, ContextManager, Protocol, TypeVar
 from . import audit
 from .crashpoints import crash_point
 from .priority import CLAIM_ORDER
-from .sqlite import BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, SQLITE_BUSY, polling
-from .ledger import EffectRow
+from .sqlite import (BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, SQLITE_BUSY, data_version,
+                     polling)
+from .audit import EffectRow
 from .values import Message, State, Transition
 
 from .clock import Clock
@@ -290,21 +291,17 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
                         "ORDER BY seq DESC LIMIT 1").fetchone()
     messages = {m.event_id: m for m in audit.read_messages_among(conn, ids)}
     effects = audit.read_effects_among(conn, ids)
-    same = [event_id for event_id in ids
-            if messages.get(event_id) == judged[event_id].message
-            and effects.get(event_id) == judged[event_id].effect
+    # not pruned meanwhile, and not the owner of the journal's last row
+    left = [event_id for event_id in ids if event_id in messages
+            and messages[event_id].payload is not None
             and (last is None or event_id != last[0])]
-    if not same:
-        return 0, 0, [event_id for event_id in ids if event_id in messages
-                      and messages[event_id].payload is not None
-                      and (last is None or event_id != last[0])]
+    same = [event_id for event_id in left if messages[event_id] == judged[event_id].message
+            and effects.get(event_id) == judged[event_id].effect]
     locked = {row[0] for row in audit.rows_among(
         conn, "SELECT event_id FROM messages WHERE event_id "
-        + picked("SELECT event_id FROM messages WHERE event_id IN ({})"), same)}
+        + picked("SELECT event_id FROM messages WHERE event_id IN ({})"), same)} if same else set()
     compacted = [event_id for event_id in same if event_id in locked]
-    held = [event_id for event_id in ids if event_id not in compacted
-            and event_id in messages and messages[event_id].payload is not None
-            and (last is None or event_id != last[0])]
+    held = [event_id for event_id in left if event_id not in locked]
     if not compacted:
         return 0, 0, held
     seqs = [seq for event_id in compacted for seq in judged[event_id].seqs]
@@ -359,10 +356,9 @@ def _file_bytes(queue: Queue) -> int:
 
 def _writes_of_others(queue: Queue) -> int | None:
     """SQLite's count of the commits other connections made to the file (``PRAGMA
-    data_version``, read without a lock); ``None`` on PostgreSQL."""
-    if queue.store.name != "sqlite":
-        return None
-    return int(queue.connection.execute("PRAGMA data_version").fetchall()[0][0])
+    data_version``, read without a lock); ``None`` on PostgreSQL, or where even
+    that read met a lock (the prune is then not taken for a quiet one)."""
+    return data_version(queue.connection) if queue.store.name == "sqlite" else None
 
 
 def _give_back(queue: Queue, *, quiet_since: int | None) -> None:

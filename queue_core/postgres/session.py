@@ -2,7 +2,8 @@
 
 ``PostgresStore`` opens every connection with these limits (``SESSION_SETTINGS``
 in the startup packet, ``transaction_timeout`` by ``SET`` where the server
-has it, ``CLIENT_SETTINGS`` as libpq's own parameters), and translates the
+has it, ``CLIENT_SETTINGS`` as libpq's own parameters; a connection that only
+reads with ``READING_SETTINGS`` instead of the transaction limits), and translates the
 driver's errors with ``raise_translated``: a session that ended is
 ``ConnectionLost``, a lock waited for too long ``LockTimeout``.
 """

@@ -22,8 +22,8 @@ what a file is, ``migrations`` one module per schema version, ``store`` the
 store class.
 """
 
-from .connection import (SQLITE_BUSY, begin_immediate, connect, polling, read_transaction,
-                         transaction)
+from .connection import (SQLITE_BUSY, begin_immediate, connect, data_version, polling,
+                         read_transaction, transaction)
 from .files import connect_readonly, may_write, read, roll_back_hot_journal, unwritable
 from .identity import file_rule, inspect, prepare, schema_version
 from .schema import (BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, PAGE_SIZE, SCHEMA, SCHEMA_VERSION,
@@ -32,7 +32,7 @@ from .store import SqliteStore, has_table, is_connection_string
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "CHECKPOINT_PAGES", "PAGE_SIZE", "SCHEMA", "SCHEMA_VERSION",
            "SQLITE_BUSY", "SYNCHRONOUS_MODES", "begin_immediate", "connect",
-           "connect_readonly", "file_rule", "has_table", "inspect", "is_connection_string",
-           "may_write", "polling", "prepare", "read", "read_transaction",
+           "connect_readonly", "data_version", "file_rule", "has_table", "inspect",
+           "is_connection_string", "may_write", "polling", "prepare", "read", "read_transaction",
            "roll_back_hot_journal", "schema_version", "SqliteStore", "transaction",
            "unwritable"]

@@ -130,11 +130,11 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
             except sqlite3.OperationalError as exc:
                 if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY or time.monotonic() > deadline:
                     raise
-            seen, passed, nap = _data_version(conn), 0, poll / 8
+            seen, passed, nap = data_version(conn), 0, poll / 8
             while True:
                 nap = min(nap * 2, poll)  # poll / 4, / 2, then poll: a short hold ends soon
                 time.sleep(nap)
-                now = _data_version(conn)
+                now = data_version(conn)
                 if now is None or now == seen or calm or passed >= patience:
                     break  # ask: nobody committed, or one commit after a quiet spell
                 seen, passed = now, passed + 1  # the holder commits again and again
@@ -143,7 +143,7 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
 
 
-def _data_version(conn: sqlite3.Connection) -> int | None:
+def data_version(conn: sqlite3.Connection) -> int | None:
     """What ``PRAGMA data_version`` says now (it changes with every commit of another
     connection), or ``None`` if even that read met a lock (a WAL recovery)."""
     try:
