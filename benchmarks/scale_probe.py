@@ -29,6 +29,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from queue_core.lab.speed import rawcommits
 from queue_core.postgres.schema import EXPIRED_READ
 from queue_core.sqlite import is_connection_string
 from queue_core.transitions import DUE, EXPIRED
@@ -171,19 +172,4 @@ def _sqlite_steps(db: str, now: int) -> dict[str, int]:
 def prepare_raw(db: str) -> None:
     """The table the raw commits write (``scale_worker.raw``), in the queue's
     PostgreSQL schema or a SQLite file of its own beside the queue."""
-    if is_connection_string(db):
-        import psycopg
-
-        with psycopg.connect(db, autocommit=True) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS raw (id bigint GENERATED ALWAYS AS "
-                         "IDENTITY PRIMARY KEY, payload text NOT NULL)")
-        return
-    from queue_core.sqlite import connect
-
-    conn = connect(db)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS raw (id INTEGER PRIMARY KEY, "
-                     "payload TEXT NOT NULL) STRICT")
-    finally:
-        conn.close()
+    rawcommits.prepare(db)

@@ -135,32 +135,18 @@ def work(db: str) -> dict[str, Any]:
 def raw(db: str, seconds: float) -> dict[str, Any]:
     """Single-row commits for ``seconds``, each fsynced as an ACK is: SQLite
     ``BEGIN IMMEDIATE`` at ``synchronous=FULL`` (the queue's own connection
-    and transaction helper), PostgreSQL ``synchronous_commit = on``."""
-    payload = json.dumps({"amount_cents": 100, "category": "book"})
-    if db.startswith("postgres"):
-        import psycopg
+    and transaction helper), PostgreSQL ``synchronous_commit = on``: the
+    package's ``queue_core.lab.speed.rawcommits``, which notebook 10 times too."""
+    from queue_core.lab.speed.rawcommits import committer
 
-        conn: Any = psycopg.connect(db, autocommit=True)
-        conn.execute("SET synchronous_commit = on")
-
-        def once() -> None:
-            with conn.transaction():
-                conn.execute("INSERT INTO raw (payload) VALUES (%s)", (payload,))
-    else:
-        from queue_core.sqlite import connect, transaction
-
-        conn = connect(db)
-
-        def once() -> None:
-            with transaction(conn) as tx:
-                tx.execute("INSERT INTO raw (payload) VALUES (?)", (payload,))
+    once, close = committer(db)
     _handshake()
     count, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         once()
         count += 1
     elapsed = time.perf_counter() - started
-    conn.close()
+    close()
     return {"commits": count, "seconds": elapsed}
 
 

@@ -110,7 +110,8 @@ def open_gate(gate: str | os.PathLike[str], workers: int) -> None:
     (folder / "go").touch()
 
 
-def _wait_at_gate(gate: str) -> None:
+def wait_at_gate(gate: str) -> None:
+    """In a child: say it is ready at ``gate``, then wait until ``open_gate`` opens it."""
     folder = Path(gate)
     (folder / f"ready-{os.getpid()}").touch()
     _wait_for((folder / "go").exists, "the gate to open")
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = FlakyHandler.from_spec(handler.categories, spec["faults"])
     arm(spec["crash_at"], after=spec.get("crash_after", 1))
     if spec.get("gate"):
-        _wait_at_gate(spec["gate"])
+        wait_at_gate(spec["gate"])
     if spec["mode"] == "one":
         outcome = process_one(queue, handler)
         if outcome is not None:
