@@ -215,3 +215,19 @@ def test_the_command_line_quick_start_prints_what_its_comments_say(tmp_path: Pat
     assert "total:   17000" in said[2][1] and "E0004 is ready again" in said[3][1]
     assert "E0004 done (generation 2): toy +3000" in said[4][1]
     assert said[5] == ("total 20000", said[5][1]) and "total:   20000" in said[5][1]
+
+
+# -- figures quoted from make scale are README's -------------------------------------------
+
+SCALE_FIGURES = re.compile(r"[\d,.]+(?:, [\d,.]+)* and [\d,.]+ messages/s with [\d, ]+ and \d+ "
+                           r"workers \([^)]*\)")
+
+
+def test_every_make_scale_figure_a_chapter_quotes_is_the_one_readme_gives() -> None:
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    quoted = [(p.where, m.group()) for path in notebook_paths() for p in passages(path)
+              if "make scale" in p.text
+              for m in SCALE_FIGURES.finditer(" ".join(p.text.split()))]
+
+    assert quoted, "no chapter quotes make scale's figures: update this test's pattern"
+    assert [(where, figures) for where, figures in quoted if figures not in readme] == []

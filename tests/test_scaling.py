@@ -7,8 +7,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from queue_core import Handler, audit
-from queue_core.lab.speed import measure_scaling, plot_scaling, scaling_frame
+from queue_core import Handler, Queue, audit
+from queue_core.lab.servers import postgres_server
+from queue_core.lab.speed import (describe_curve, measure_curve, measure_scaling, plot_curve,
+                                  plot_scaling, scaling_frame)
+from queue_core.lab.speed.rawcommits import prepare, raw_rate
 from queue_core.lab.story import play_scenario
 from queue_core.lab.speed.scaling import (BUSY_SAMPLE_S, LEVEL_BAND, CommitCost, ScalingRow, busy_share,
                                           commit_cost, cpu_ticks, describe_scaling,
@@ -37,6 +40,84 @@ def test_a_timed_run_of_worker_processes_does_every_event_exactly_once(
     assert row.exactly_once and row.seconds > 0
     assert row.cpu_busy is None if cpu_ticks() is None else 0 <= row.cpu_busy <= 1
     assert scaling_frame([row])["exactly once"].tolist() == [True]
+
+
+def test_raw_rate_commits_exactly_what_its_clients_were_asked_for(store: str) -> None:
+    prepare(store)
+    prepare(store)  # a second time finds the table there
+
+    per_second = raw_rate(store, clients=2, commits=15)
+
+    assert per_second > 0
+    if "://" in store:
+        with psycopg.connect(store) as conn:
+            assert conn.execute("SELECT count(*), count(DISTINCT id) FROM raw").fetchone() == (30, 30)
+    else:
+        import sqlite3
+        with sqlite3.connect(store) as conn:
+            assert conn.execute("SELECT count(*), count(DISTINCT id) FROM raw").fetchone() == (30, 30)
+
+
+def test_the_small_curve_audits_every_general_queue_it_times_on_both_stores(
+        tmp_path, pg_server: str) -> None:  # type: ignore[no-untyped-def]
+    import matplotlib.pyplot as plt
+
+    made: list[str] = []
+
+    def new(store: str) -> str:
+        if store == "postgres":
+            made.append(postgres_server.fresh_schema(pg_server))
+        else:
+            made.append(str(tmp_path / f"queue{len(made)}.sqlite3"))
+        return made[-1]
+
+    try:
+        points = measure_curve(new, new, workers=(1, 2), events=30, commits=10)
+        queues = [p.run for p in points]
+        assert [(r.store, r.workers) for r in queues] == [
+            ("postgres", 1), ("postgres", 2), ("sqlite", 1), ("sqlite", 2)]
+        assert [(r.done, r.effects, r.reported_twice, r.findings) for r in queues] == [
+            (30, 30, 0, ())] * 4
+        assert [r.total for r in queues] == [r.expected_total for r in queues] == [
+            sum(100 + n for n in range(1, 31))] * 4
+        assert all(p.raw_per_second > 0 and p.vs_raw == p.run.per_second / p.raw_per_second
+                   for p in points)
+        # made: per store, the raw commits' place first, then one queue per worker count
+        assert [Queue(made[i]).id_rule for i in (1, 2, 4, 5)] == ["general"] * 4
+
+        said = " ".join(describe_curve(points).split())
+        assert said.startswith(f"postgres: 1 worker {queues[0].per_second:,.0f} messages/s, "
+                               f"{points[0].vs_raw:.2f} of {points[0].raw_per_second:,.0f} raw")
+        assert "From 1 to 2 workers the raw commits" in said
+        assert said.endswith("Audit of every run: each event done exactly once, money exact "
+                             "(120 events in 4 queues).")
+
+        figure = plot_curve(points)
+        try:
+            rates, share = figure.axes
+            assert [line.get_label() for line in rates.get_lines()] == [
+                "sqlite: the queue", "sqlite: raw commits", "postgres: the queue",
+                "postgres: raw commits"]
+            assert share.get_ylim() == (0, 1.05)
+        finally:
+            plt.close(figure)
+    finally:
+        for location in made:
+            if "://" in location:
+                postgres_server.drop_schema(location)
+
+
+def test_a_failed_run_is_said_failed_by_the_curve() -> None:
+    from queue_core.lab.speed.scaling import CurvePoint
+
+    good = CurvePoint(row("postgres", 1, 0.3, 0.5), 2000.0)
+    lost = CurvePoint(ScalingRow("postgres", 2, 300, 0.3, 299, 299, 0, 45000, 45150, (), 0.5),
+                      3000.0)
+
+    said = " ".join(describe_curve([good, lost]).split())
+
+    assert "postgres: 1 worker 1,000 messages/s, 0.50 of 2,000 raw commits/s (cores 50% busy)" in said
+    assert said.endswith("Audit of every run: FAILED (600 events in 2 queues).")
 
 
 class WritesMore(Handler):

@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import textwrap
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from ...clock import ModelClock
 from ...queue import Queue
 from ...sqlite import connect, is_connection_string
 from ..story.child import collect, open_gate, reap, run_child
+from .rawcommits import prepare as prepare_raw, raw_rate
 from ..story.scenario import START
 
 if TYPE_CHECKING:
@@ -69,19 +71,28 @@ class ScalingRow:
                 and self.total == self.expected_total and not self.findings)
 
 
-def scaling_batch(events: int) -> tuple[str, int]:
-    """``events`` valid orders as JSONL, and the money they add together."""
-    lines = [json.dumps({"event_id": f"E{n:04d}",
+_ORDERS = uuid.UUID("0b7e6f4a-5c1d-4e2a-9f3b-000000000010")  # the general ids' namespace
+
+
+def scaling_batch(events: int, ids: str = "course") -> tuple[str, int]:
+    """``events`` valid orders as JSONL, and the money they add together; under
+    the ``general`` id rule their ids are UUIDs (``uuid5``: the same every run)."""
+    def event_id(n: int) -> str:
+        return f"E{n:04d}" if ids == "course" else str(uuid.uuid5(_ORDERS, str(n)))
+
+    lines = [json.dumps({"event_id": event_id(n),
                          "payload": {"category": "book", "amount_cents": 100 + n}})
              for n in range(1, events + 1)]
     return "\n".join(lines) + "\n", sum(100 + n for n in range(1, events + 1))
 
 
-def time_workers(db: str, store: str, workers: int, events: int) -> ScalingRow:
-    """Enqueue ``events`` orders into the new queue ``db``, drain them with
-    ``workers`` processes started together, and audit the result."""
-    text, expected = scaling_batch(events)
-    Queue(db, clock=ModelClock(START)).enqueue_jsonl(text)
+def time_workers(db: str, store: str, workers: int, events: int,
+                 ids: str = "course") -> ScalingRow:
+    """Enqueue ``events`` orders into the new queue ``db`` (made with the id
+    rule ``ids``), drain them with ``workers`` processes started together, and
+    audit the result."""
+    text, expected = scaling_batch(events, ids)
+    Queue(db, clock=ModelClock(START), ids=ids).enqueue_jsonl(text)
     with tempfile.TemporaryDirectory(prefix="queue_gate_") as gate:
         procs = [run_child(db, now=START, lease_seconds=LONG_LEASE_SECONDS, mode="drain",
                            gate=gate, wait=False) for _ in range(workers)]
@@ -105,6 +116,94 @@ def measure_scaling(new_db: Callable[[str], str], *, stores: Sequence[str] = ("s
     """``time_workers`` for every store and worker count; ``new_db(store)``
     returns a new, empty queue location of that store for each run."""
     return [time_workers(new_db(store), store, n, events) for store in stores for n in workers]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One worker count of ``measure_curve``: the queue's run, and the rate of
+    raw commits from as many client processes measured just before it."""
+
+    run: ScalingRow
+    raw_per_second: float
+
+    @property
+    def vs_raw(self) -> float:
+        return self.run.per_second / self.raw_per_second
+
+
+def measure_curve(new_db: Callable[[str], str], raw_location: Callable[[str], str], *,
+                  stores: Sequence[str] = ("postgres", "sqlite"),
+                  workers: Sequence[int] = (1, 2, 4), events: int = 400, ids: str = "general",
+                  commits: int = 250) -> list[CurvePoint]:
+    """``make scale``'s curve in small: per store and worker count, ``commits``
+    raw commits from each of that many client processes (``rawcommits``), then
+    ``time_workers`` on a new queue of the id rule ``ids``. ``new_db(store)``
+    gives a new, empty queue location, ``raw_location(store)`` one location
+    per store for the raw commits' table."""
+    points = []
+    for store in stores:
+        raw = raw_location(store)
+        prepare_raw(raw)
+        for n in workers:
+            per_second = raw_rate(raw, n, commits)
+            points.append(CurvePoint(time_workers(new_db(store), store, n, events, ids),
+                                     per_second))
+    return points
+
+
+def describe_curve(points: Sequence[CurvePoint]) -> str:
+    """A run of ``measure_curve`` in sentences: each store's rates against its raw
+    commits, and how the share of them kept moved as workers were added."""
+    said = []
+    for store in dict.fromkeys(p.run.store for p in points):
+        mine = [p for p in points if p.run.store == store]
+        first, last = mine[0], mine[-1]
+        said.append(f"{store}: " + "; ".join(
+            f"{p.run.workers} worker{'s' * (p.run.workers > 1)} {p.run.per_second:,.0f} "
+            f"messages/s, {p.vs_raw:.2f} of {p.raw_per_second:,.0f} raw commits/s"
+            + ("" if p.run.cpu_busy is None else f" (cores {p.run.cpu_busy:.0%} busy)")
+            for p in mine) + ".")
+        said.append(f"  From {first.run.workers} to {last.run.workers} workers the raw commits "
+                    f"{trend(first.raw_per_second, last.raw_per_second)} "
+                    f"(x{step(first.raw_per_second, last.raw_per_second):.2f}) and the queue's "
+                    f"rate {trend(first.run.per_second, last.run.per_second)} "
+                    f"(x{step(first.run.per_second, last.run.per_second):.2f}), so the share "
+                    f"of raw commits it kept went from {first.vs_raw:.2f} to "
+                    f"{last.vs_raw:.2f}.")
+    exact = all(p.run.exactly_once for p in points)
+    said.append(f"Audit of every run: {'each event done exactly once, money exact' if exact else 'FAILED'} "
+                f"({sum(p.run.events for p in points):,} events in {len(points)} queues).")
+    return "\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in said)
+
+
+def plot_curve(points: Sequence[CurvePoint], title: str = "Workers against raw commits") -> Any:
+    """Left: messages per second (solid) and raw commits per second of as many
+    clients (dashed) against worker processes, per store; right: their ratio."""
+    import matplotlib.pyplot as plt
+
+    fig, (rates, share) = plt.subplots(1, 2, figsize=(11.5, 3.8))
+    for store, (marker, colour) in STORES.items():
+        mine = [p for p in points if p.run.store == store]
+        if not mine:
+            continue
+        counts = [p.run.workers for p in mine]
+        rates.plot(counts, [p.run.per_second for p in mine], marker, color=colour,
+                   label=f"{store}: the queue")
+        rates.plot(counts, [p.raw_per_second for p in mine], marker[0] + "--", color=colour,
+                   alpha=0.6, mfc="white", label=f"{store}: raw commits")
+        share.plot(counts, [p.vs_raw for p in mine], marker, color=colour, label=store)
+    counts = sorted({p.run.workers for p in points})
+    rates.set(xlabel="worker processes (raw commits: client processes)", ylabel="per second",
+              title=title)
+    share.set(xlabel="worker processes", ylabel="messages / raw commits",
+              title="Share of raw commits the queue keeps", ylim=(0, 1.05))
+    for ax in (rates, share):
+        ax.set_xticks(counts)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="best")
+    rates.set_ylim(bottom=0)
+    fig.tight_layout()
+    return fig
 
 
 def scaling_frame(rows: Sequence[ScalingRow]) -> Any:
