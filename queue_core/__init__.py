@@ -16,8 +16,9 @@ Importing either does not import pandas or matplotlib.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import exports as _exports
 
 __version__ = "1.1.0"
 
@@ -74,8 +75,9 @@ _HOME = {
     "read_batch": "ingest",
 }
 _MODULES = ("acks", "audit", "cli", "cli_text", "clock", "crashpoints", "errors", "handler",
-            "ids", "ingest", "lab", "ledger", "marks", "migrations", "postgres", "priority",
-            "queue", "retention", "sqlite", "stores", "transitions", "values", "views", "worker")
+            "ids", "ingest", "lab", "lazy", "ledger", "marks", "migrations", "postgres",
+            "priority", "queue", "retention", "sqlite", "stores", "transitions", "values",
+            "views", "worker")
 
 if TYPE_CHECKING:
     from .audit import Finding, Snapshot
@@ -92,18 +94,7 @@ if TYPE_CHECKING:
     from .worker import drain, finish, process_one
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        return importlib.import_module(f".{name}", __name__)
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOME})
+__getattr__, __dir__ = _exports(__name__, _HOME, _MODULES)
 
 
 __all__ = [
