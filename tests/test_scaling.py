@@ -9,8 +9,8 @@ import pytest
 
 from queue_core import Handler, Queue, audit
 from queue_core.lab.servers import postgres_server
-from queue_core.lab.speed import (describe_curve, measure_curve, measure_scaling, plot_curve,
-                                  plot_scaling, scaling_frame)
+from queue_core.lab.speed import (against_raw_commits, describe_curve, measure_scaling,
+                                  plot_curve, plot_scaling, scaling_frame)
 from queue_core.lab.speed.rawcommits import prepare, raw_rate
 from queue_core.lab.story import play_scenario
 from queue_core.lab.speed.scaling import (BUSY_SAMPLE_S, LEVEL_BAND, CommitCost, ScalingRow, busy_share,
@@ -58,7 +58,7 @@ def test_raw_rate_commits_exactly_what_its_clients_were_asked_for(store: str) ->
             assert conn.execute("SELECT count(*), count(DISTINCT id) FROM raw").fetchone() == (30, 30)
 
 
-def test_the_small_curve_audits_every_general_queue_it_times_on_both_stores(
+def test_the_small_curve_sets_audited_general_queues_beside_raw_commits_on_both_stores(
         tmp_path, pg_server: str) -> None:  # type: ignore[no-untyped-def]
     import matplotlib.pyplot as plt
 
@@ -68,25 +68,36 @@ def test_the_small_curve_audits_every_general_queue_it_times_on_both_stores(
         if store == "postgres":
             made.append(postgres_server.fresh_schema(pg_server))
         else:
-            made.append(str(tmp_path / f"queue{len(made)}.sqlite3"))
+            made.append(str(tmp_path / f"place{len(made)}.sqlite3"))
         return made[-1]
 
     try:
-        points = measure_curve(new, new, workers=(1, 2), events=30, commits=10)
-        queues = [p.run for p in points]
-        assert [(r.store, r.workers) for r in queues] == [
+        runs = measure_scaling(new, stores=("postgres", "sqlite"), workers=(1, 2), events=30,
+                               ids="general")
+        assert [Queue(place).id_rule for place in made] == ["general"] * 4
+        points = against_raw_commits(runs, new, commits=10)
+
+        assert [p.run for p in points] == runs
+        assert [(r.store, r.workers) for r in runs] == [
             ("postgres", 1), ("postgres", 2), ("sqlite", 1), ("sqlite", 2)]
-        assert [(r.done, r.effects, r.reported_twice, r.findings) for r in queues] == [
+        assert [(r.done, r.effects, r.reported_twice, r.findings) for r in runs] == [
             (30, 30, 0, ())] * 4
-        assert [r.total for r in queues] == [r.expected_total for r in queues] == [
+        assert [r.total for r in runs] == [r.expected_total for r in runs] == [
             sum(100 + n for n in range(1, 31))] * 4
+        assert len(made) == 6  # one raw commits' place per store, made once
         assert all(p.raw_per_second > 0 and p.vs_raw == p.run.per_second / p.raw_per_second
                    for p in points)
-        # made: per store, the raw commits' place first, then one queue per worker count
-        assert [Queue(made[i]).id_rule for i in (1, 2, 4, 5)] == ["general"] * 4
+        for place, clients in ((made[4], 3), (made[5], 3)):  # 1 + 2 clients of 10 commits
+            if "://" in place:
+                with psycopg.connect(place) as conn:
+                    assert conn.execute("SELECT count(*) FROM raw").fetchone() == (clients * 10,)
+            else:
+                import sqlite3
+                with sqlite3.connect(place) as conn:
+                    assert conn.execute("SELECT count(*) FROM raw").fetchone() == (clients * 10,)
 
         said = " ".join(describe_curve(points).split())
-        assert said.startswith(f"postgres: 1 worker {queues[0].per_second:,.0f} messages/s, "
+        assert said.startswith(f"postgres: 1 worker {runs[0].per_second:,.0f} messages/s, "
                                f"{points[0].vs_raw:.2f} of {points[0].raw_per_second:,.0f} raw")
         assert "From 1 to 2 workers the raw commits" in said
         assert said.endswith("Audit of every run: each event done exactly once, money exact "
@@ -102,9 +113,9 @@ def test_the_small_curve_audits_every_general_queue_it_times_on_both_stores(
         finally:
             plt.close(figure)
     finally:
-        for location in made:
-            if "://" in location:
-                postgres_server.drop_schema(location)
+        for place in made:
+            if "://" in place:
+                postgres_server.drop_schema(place)
 
 
 def test_a_failed_run_is_said_failed_by_the_curve() -> None:
@@ -116,7 +127,8 @@ def test_a_failed_run_is_said_failed_by_the_curve() -> None:
 
     said = " ".join(describe_curve([good, lost]).split())
 
-    assert "postgres: 1 worker 1,000 messages/s, 0.50 of 2,000 raw commits/s (cores 50% busy)" in said
+    assert ("postgres: 1 worker 1,000 messages/s, 0.50 of 2,000 raw commits/s (cores 50% busy "
+            "during the queue's run)") in said
     assert said.endswith("Audit of every run: FAILED (600 events in 2 queues).")
 
 

@@ -3,10 +3,13 @@
 A raw commit is one single-row ``INSERT`` in a transaction of its own,
 committed as durably as the queue's ACK: on SQLite ``BEGIN IMMEDIATE`` at
 ``synchronous=FULL`` (the queue's own connection and transaction helper),
-on PostgreSQL with ``synchronous_commit = on``. Nothing a queue does per
-message can commit faster, so ``messages per second / raw commits per
+on PostgreSQL with ``synchronous_commit = on`` (``BEGIN``, ``INSERT`` and
+``COMMIT``: three round trips, as a client writes a transaction; ``make
+bench``'s raw commits are the same). ``messages per second / raw commits per
 second`` (of as many clients as workers) says how much of the store's
-commit rate the protocol keeps.
+per-transaction commit rate the protocol keeps. It is a baseline, not a
+limit: a queue that commits many messages in one transaction passes it, and
+the worker's step on PostgreSQL travels as one round trip.
 
 ``prepare`` creates the table (``raw``) in a SQLite file of its own or in a
 PostgreSQL schema, ``committer`` opens one client, and ``raw_rate`` times

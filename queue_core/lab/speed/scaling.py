@@ -112,16 +112,19 @@ def time_workers(db: str, store: str, workers: int, events: int,
 
 
 def measure_scaling(new_db: Callable[[str], str], *, stores: Sequence[str] = ("sqlite",),
-                    workers: Sequence[int] = (1, 2, 4), events: int = 200) -> list[ScalingRow]:
-    """``time_workers`` for every store and worker count; ``new_db(store)``
-    returns a new, empty queue location of that store for each run."""
-    return [time_workers(new_db(store), store, n, events) for store in stores for n in workers]
+                    workers: Sequence[int] = (1, 2, 4), events: int = 200,
+                    ids: str = "course") -> list[ScalingRow]:
+    """``time_workers`` for every store and worker count, on queues of the id
+    rule ``ids``; ``new_db(store)`` returns a new, empty queue location of that
+    store for each run."""
+    return [time_workers(new_db(store), store, n, events, ids)
+            for store in stores for n in workers]
 
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """One worker count of ``measure_curve``: the queue's run, and the rate of
-    raw commits from as many client processes measured just before it."""
+    """One run of ``against_raw_commits``: the queue's run, and the rate of raw
+    commits from as many client processes, measured beside it."""
 
     run: ScalingRow
     raw_per_second: float
@@ -131,28 +134,24 @@ class CurvePoint:
         return self.run.per_second / self.raw_per_second
 
 
-def measure_curve(new_db: Callable[[str], str], raw_location: Callable[[str], str], *,
-                  stores: Sequence[str] = ("postgres", "sqlite"),
-                  workers: Sequence[int] = (1, 2, 4), events: int = 400, ids: str = "general",
-                  commits: int = 250) -> list[CurvePoint]:
-    """``make scale``'s curve in small: per store and worker count, ``commits``
-    raw commits from each of that many client processes (``rawcommits``), then
-    ``time_workers`` on a new queue of the id rule ``ids``. ``new_db(store)``
-    gives a new, empty queue location, ``raw_location(store)`` one location
-    per store for the raw commits' table."""
+def against_raw_commits(runs: Sequence[ScalingRow], raw_location: Callable[[str], str], *,
+                        commits: int = 150) -> list[CurvePoint]:
+    """Runs already timed (``measure_scaling``), each beside the rate of
+    ``commits`` raw commits from each of as many client processes as it had
+    workers, measured now on its store (``raw_location(store)``: one location
+    per store for the raw commits' table)."""
+    places: dict[str, str] = {}
     points = []
-    for store in stores:
-        raw = raw_location(store)
-        prepare_raw(raw)
-        for n in workers:
-            per_second = raw_rate(raw, n, commits)
-            points.append(CurvePoint(time_workers(new_db(store), store, n, events, ids),
-                                     per_second))
+    for run in runs:
+        if run.store not in places:
+            places[run.store] = raw_location(run.store)
+            prepare_raw(places[run.store])
+        points.append(CurvePoint(run, raw_rate(places[run.store], run.workers, commits)))
     return points
 
 
 def describe_curve(points: Sequence[CurvePoint]) -> str:
-    """A run of ``measure_curve`` in sentences: each store's rates against its raw
+    """``against_raw_commits``'s points in sentences: each store's rates against its raw
     commits, and how the share of them kept moved as workers were added."""
     said = []
     for store in dict.fromkeys(p.run.store for p in points):
@@ -161,7 +160,8 @@ def describe_curve(points: Sequence[CurvePoint]) -> str:
         said.append(f"{store}: " + "; ".join(
             f"{p.run.workers} worker{'s' * (p.run.workers > 1)} {p.run.per_second:,.0f} "
             f"messages/s, {p.vs_raw:.2f} of {p.raw_per_second:,.0f} raw commits/s"
-            + ("" if p.run.cpu_busy is None else f" (cores {p.run.cpu_busy:.0%} busy)")
+            + ("" if p.run.cpu_busy is None
+               else f" (cores {p.run.cpu_busy:.0%} busy during the queue's run)")
             for p in mine) + ".")
         said.append(f"  From {first.run.workers} to {last.run.workers} workers the raw commits "
                     f"{trend(first.raw_per_second, last.raw_per_second)} "
