@@ -132,6 +132,18 @@ def test_a_failed_run_is_said_failed_by_the_curve() -> None:
     assert said.endswith("Audit of every run: FAILED (600 events in 2 queues).")
 
 
+def test_a_share_above_raw_commits_stays_in_the_picture() -> None:
+    import matplotlib.pyplot as plt
+    from queue_core.lab.speed.scaling import CurvePoint
+
+    # a server far away: the raw commit's three round trips against the step's one
+    figure = plot_curve([CurvePoint(row("postgres", 1, 0.3, 0.5), 500.0)])
+    try:
+        assert figure.axes[1].get_ylim() == pytest.approx((0, 2.2))
+    finally:
+        plt.close(figure)
+
+
 class WritesMore(Handler):
     """A handler that overrides ``apply`` (as one that writes more than its effect would)."""
 

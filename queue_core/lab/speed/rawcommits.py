@@ -1,4 +1,4 @@
-"""Raw commits: the limit a queue's rate is measured against.
+"""Raw commits: the baseline a queue's rate is measured against.
 
 A raw commit is one single-row ``INSERT`` in a transaction of its own,
 committed as durably as the queue's ACK: on SQLite ``BEGIN IMMEDIATE`` at
