@@ -1,8 +1,12 @@
 """Notebook 10's measurements: the reference scenario on PostgreSQL, throughput
 runs whose every event must be done exactly once, the worker loop's commits
-and round trips on PostgreSQL, and the sentences that explain a run's trend."""
+and round trips on PostgreSQL, the sentences that explain a run's trend, and
+the runs set beside raw commits of as many clients (notebook 10's small curve)."""
 
 from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
 
 import psycopg
 import pytest
@@ -42,20 +46,22 @@ def test_a_timed_run_of_worker_processes_does_every_event_exactly_once(
     assert scaling_frame([row])["exactly once"].tolist() == [True]
 
 
+def raw_rows(place: str) -> int:
+    """The rows in the raw commits' table of a SQLite file or a PostgreSQL schema."""
+    if "://" in place:
+        with psycopg.connect(place) as conn:
+            return int(conn.execute("SELECT count(*) FROM raw").fetchone()[0])
+    with closing(sqlite3.connect(place)) as lite:
+        return int(lite.execute("SELECT count(*) FROM raw").fetchone()[0])
+
+
 def test_raw_rate_commits_exactly_what_its_clients_were_asked_for(store: str) -> None:
     prepare(store)
     prepare(store)  # a second time finds the table there
 
     per_second = raw_rate(store, clients=2, commits=15)
 
-    assert per_second > 0
-    if "://" in store:
-        with psycopg.connect(store) as conn:
-            assert conn.execute("SELECT count(*), count(DISTINCT id) FROM raw").fetchone() == (30, 30)
-    else:
-        import sqlite3
-        with sqlite3.connect(store) as conn:
-            assert conn.execute("SELECT count(*), count(DISTINCT id) FROM raw").fetchone() == (30, 30)
+    assert per_second > 0 and raw_rows(store) == 30
 
 
 def test_the_small_curve_sets_audited_general_queues_beside_raw_commits_on_both_stores(
@@ -87,14 +93,7 @@ def test_the_small_curve_sets_audited_general_queues_beside_raw_commits_on_both_
         assert len(made) == 6  # one raw commits' place per store, made once
         assert all(p.raw_per_second > 0 and p.vs_raw == p.run.per_second / p.raw_per_second
                    for p in points)
-        for place, clients in ((made[4], 3), (made[5], 3)):  # 1 + 2 clients of 10 commits
-            if "://" in place:
-                with psycopg.connect(place) as conn:
-                    assert conn.execute("SELECT count(*) FROM raw").fetchone() == (clients * 10,)
-            else:
-                import sqlite3
-                with sqlite3.connect(place) as conn:
-                    assert conn.execute("SELECT count(*) FROM raw").fetchone() == (clients * 10,)
+        assert [raw_rows(place) for place in made[4:]] == [30, 30]  # 1 + 2 clients of 10
 
         said = " ".join(describe_curve(points).split())
         assert said.startswith(f"postgres: 1 worker {runs[0].per_second:,.0f} messages/s, "

@@ -36,8 +36,8 @@ from ...clock import ModelClock
 from ...queue import Queue
 from ...sqlite import connect, is_connection_string
 from ..story.child import collect, open_gate, reap, run_child
-from .rawcommits import prepare as prepare_raw, raw_rate
 from ..story.scenario import START
+from .rawcommits import prepare as prepare_raw, raw_rate
 
 if TYPE_CHECKING:
     from ...handler import Handler
@@ -171,8 +171,9 @@ def describe_curve(points: Sequence[CurvePoint]) -> str:
                     f"of raw commits it kept went from {first.vs_raw:.2f} to "
                     f"{last.vs_raw:.2f}.")
     exact = all(p.run.exactly_once for p in points)
-    said.append(f"Audit of every run: {'each event done exactly once, money exact' if exact else 'FAILED'} "
-                f"({sum(p.run.events for p in points):,} events in {len(points)} queues).")
+    verdict = "each event done exactly once, money exact" if exact else "FAILED"
+    said.append(f"Audit of every run: {verdict} ({sum(p.run.events for p in points):,} events "
+                f"in {len(points)} queues).")
     return "\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in said)
 
 
