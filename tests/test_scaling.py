@@ -222,6 +222,32 @@ def test_the_printed_reasons_follow_the_run_figures(
         words for words in verdicts if words in expected]
 
 
+@pytest.mark.parametrize("two_busy, four_seconds, expected", [
+    (0.93, 0.7, "From 2 to 4 workers it fell: only about 0.1 of 2 cores were idle during the "
+                "2-worker run, so the further workers and their server processes took turns on "
+                "busy cores"),
+    (0.3, 0.3, "From 2 to 4 workers it rose as well: about 1.4 of 2 cores were idle during the "
+               "2-worker run, and the further workers ran on them."),
+    (0.95, 0.3, "From 2 to 4 workers it rose although only about 0.1 of 2 cores were idle "
+                "during the 2-worker run: the gain came from waits"),
+    (0.3, 0.7, "From 2 to 4 workers it fell although about 1.4 of 2 cores were idle during the "
+               "2-worker run: one short run per worker count is noisy."),
+    (0.3, 0.55, "From 2 to 4 workers it stayed level although about 1.4 of 2 cores"),
+], ids=["fell-on-busy-cores", "rose-on-idle-cores", "rose-on-busy-cores", "fell-on-idle-cores",
+        "level-on-idle-cores"])
+def test_the_step_from_two_workers_to_four_is_explained_from_the_two_worker_run(
+        two_busy: float, four_seconds: float, expected: str) -> None:
+    rows = [*(row("sqlite", n, 0.3, 0.5) for n in (1, 2, 4)), row("postgres", 1, 1.0, 0.5),
+            row("postgres", 2, 0.5, two_busy), row("postgres", 4, four_seconds, 0.9)]
+
+    said = " ".join(describe_scaling(rows, cores=2, background=0.1, costs=COSTS).split())
+
+    assert expected in said
+    assert said.count("From 2 to 4 workers it") == 1
+    unknown = " ".join(describe_scaling(rows, cores=None, background=None, costs=COSTS).split())
+    assert "how busy the cores were during the 2-worker run is not measured" in unknown
+
+
 def test_the_background_load_is_said_with_how_it_was_measured_and_what_it_means() -> None:
     rows = [row(s, n, 0.3, 0.5) for s in ("sqlite", "postgres") for n in (1, 2, 4)]
 

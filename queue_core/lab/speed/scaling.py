@@ -461,8 +461,8 @@ def describe_scaling(rows: Sequence[ScalingRow], *, cores: int | None,
         said.append(_sqlite_reasons(rates["sqlite", 1], [rates[key] for key in sorted(rates)
                                                          if key[0] == "sqlite" and key[1] > 1]))
     if ("postgres", 2) in rates and costs and "postgres" in costs:
-        said += _postgres_reasons(rates["postgres", 1], rates["postgres", 2], cores,
-                                  costs["postgres"])
+        said += _postgres_reasons(rates["postgres", 1], rates["postgres", 2],
+                                  rates.get(("postgres", 4)), cores, costs["postgres"])
     return "\n".join(textwrap.fill(line, 100, subsequent_indent="  " if line[0] == " " else "")
                      for line in said)
 
@@ -499,9 +499,10 @@ def _sqlite_reasons(one: ScalingRow, more: list[ScalingRow]) -> str:
     return f"{words} Here more workers only queued for the lock."
 
 
-def _postgres_reasons(one: ScalingRow, two: ScalingRow, cores: int | None,
-                      cost: CommitCost) -> list[str]:
-    """Why PostgreSQL's rate rose or not from 1 to 2 workers: waits to fill, cores to fill them."""
+def _postgres_reasons(one: ScalingRow, two: ScalingRow, four: ScalingRow | None,
+                      cores: int | None, cost: CommitCost) -> list[str]:
+    """Why PostgreSQL's rate rose or not from 1 to 2 workers, and from 2 to 4: waits
+    to fill, cores to fill them."""
     waiting = cost.flush_s * one.per_second  # the flush's share of one worker's time
     idle = None if one.cpu_busy is None or not cores else cores * (1 - one.cpu_busy)
     said = [f"PostgreSQL: a second worker gains where the first one waits (for round trips, for "
@@ -520,4 +521,29 @@ def _postgres_reasons(one: ScalingRow, two: ScalingRow, cores: int | None,
                     "the processes took turns on the same cores.")
     else:
         said.append(f"It {went} all the same. {NOISY}")
+    if four is not None:
+        said.append(_two_to_four(two, four, cores))
     return said
+
+
+def _two_to_four(two: ScalingRow, four: ScalingRow, cores: int | None) -> str:
+    """PostgreSQL from 2 workers to 4: whether the 2-worker run left cores for two
+    more workers and their server processes (the waits one worker leaves, two
+    already fill in part)."""
+    went = trend(two.per_second, four.per_second)
+    if two.cpu_busy is None or not cores:
+        return (f"From 2 to 4 workers it {went}; how busy the cores were during the 2-worker "
+                "run is not measured on this system.")
+    idle = cores * (1 - two.cpu_busy)
+    during = f"about {idle:.1f} of {cores} cores were idle during the 2-worker run"
+    if idle >= 0.5:
+        return (f"From 2 to 4 workers it rose as well: {during}, and the further workers ran "
+                "on them." if went == "rose" else
+                f"From 2 to 4 workers it {went} although {during}: one short run per worker "
+                "count is noisy.")
+    if went == "rose":
+        return (f"From 2 to 4 workers it rose although only {during}: the gain came from waits "
+                "(round trips, a commit's flush) the workers filled for one another, or is the "
+                "noise of one short run.")
+    return (f"From 2 to 4 workers it {went}: only {during}, so the further workers and their "
+            "server processes took turns on busy cores, each switch costing time of its own.")
