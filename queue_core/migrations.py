@@ -2,9 +2,9 @@
 
 A queue's schema version is ``PRAGMA user_version`` in a SQLite file, the
 ``schema_version`` of ``queue_core_meta`` on PostgreSQL. Each store counts
-its own (``sqlite.SCHEMA_VERSION``, 4; ``postgres.SCHEMA_VERSION``, 6), and
+its own (``sqlite.SCHEMA_VERSION``, 4; ``postgres.SCHEMA_VERSION``, 7), and
 each step is one numbered module with a docstring saying what it changes and
-why (``sqlite/migrations/v0002.py`` ... ``postgres/migrations/v0006.py``):
+why (``sqlite/migrations/v0002.py`` ... ``postgres/migrations/v0007.py``):
 
 - SQLite 2, PostgreSQL 2: the same tables on both (the payload's digest, the
   finish time, one live index, ``compacted``);
@@ -17,7 +17,10 @@ why (``sqlite/migrations/v0002.py`` ... ``postgres/migrations/v0006.py``):
 - SQLite 4, PostgreSQL 6: each message's priority, added in place with its
   default, 0, for every message a queue holds (no row is rewritten), and the
   live index built again in the claim's order; on PostgreSQL the step's
-  function is replaced by one that claims in that order.
+  function is replaced by one that claims in that order;
+- PostgreSQL 7: that function claims its one next message with a constant
+  LIMIT, so the server keeps one plan for the claim instead of planning it at
+  every step (nothing else changes; no row is touched).
 
 Each store's runner knows its list of steps and runs each in ONE transaction
 that reads the version again inside it:
@@ -46,9 +49,9 @@ refused at the next transaction: a running SQLite worker of the release
 before the id rule stops with ``schema_too_new`` at its next transaction
 after the step to 3, and one of the release before priorities after the
 step to 4. PostgreSQL's steps from 2 to 3 and from 4 to 5 change no row a
-worker writes, and the steps from 3 to 4 and from 5 to 6 replace the
-function a worker calls: a worker of the release before goes on across
-each, calling the new function from its next step. Across the step to 6 its
+worker writes, and the steps from 3 to 4, from 5 to 6 and from 6 to 7
+replace the function a worker calls: a worker of the release before goes
+on across each, calling the new function from its next step. Across the step to 6 its
 own statements stay sound: its enqueue leaves a new message at priority 0,
 and its own claim takes due messages in ``available_at`` order (a priority
 it ignores, never misreads), while its step, the new function, claims by

@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 
 from queue_core.lab.lifetime.earlier import (ENGINES, SCHEMA2_ENGINE, SCHEMA3_ENGINE,
-                                            SCHEMA4_ENGINE, SCHEMA5_ENGINE, NoHistory,
-                                            earlier_cli, export_engine, run_earlier)
+                                            SCHEMA4_ENGINE, SCHEMA5_ENGINE, SCHEMA6_ENGINE,
+                                            NoHistory, earlier_cli, export_engine,
+                                            run_earlier)
 
 __all__ = ["ENGINES", "SCHEMA2_ENGINE", "SCHEMA3_ENGINE", "SCHEMA4_ENGINE", "SCHEMA5_ENGINE",
-           "cli", "export", "has_history", "require_history", "run"]
-SCHEMA_ENGINES = (SCHEMA2_ENGINE, SCHEMA3_ENGINE, SCHEMA4_ENGINE, SCHEMA5_ENGINE)
+           "SCHEMA6_ENGINE", "cli", "export", "has_history", "require_history", "run"]
+SCHEMA_ENGINES = (SCHEMA2_ENGINE, SCHEMA3_ENGINE, SCHEMA4_ENGINE, SCHEMA5_ENGINE,
+                  SCHEMA6_ENGINE)
 
 ROOT = Path(__file__).resolve().parent.parent
 

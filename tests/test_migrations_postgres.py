@@ -31,11 +31,12 @@ from queue_core.crashpoints import CRASH_EXIT_CODE, LIFETIME_POINTS
 from queue_core.marks import APPLICATION_ID
 from queue_core.lab.lifetime.migration import migrate_killed_at
 
-SCHEMA_VERSION = postgres.SCHEMA_VERSION  # 6: schema 2's tables, the step's function, the
-# id rule and each message's priority
+SCHEMA_VERSION = postgres.SCHEMA_VERSION  # 7: schema 2's tables, the step's function, the
+# id rule, each message's priority and the step's claim with a constant LIMIT
 # 1 -> 2 rewrites the five messages; 2 -> 3 adds a function, 3 -> 4 replaces it, 4 -> 5
-# records the id rule, 5 -> 6 adds the priority (and replaces the function again)
-BOTH_STEPS = ((1, 5), (2, 0), (3, 0), (4, 0), (5, 0))
+# records the id rule, 5 -> 6 adds the priority (and replaces the function again), 6 -> 7
+# replaces the function once more (its claim's LIMIT 1)
+BOTH_STEPS = ((1, 5), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0))
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = "265c64c"
@@ -123,14 +124,15 @@ def test_migrate_upgrades_the_schema_once_keeping_every_fact(schema1: str) -> No
     done = cli(schema1, "migrate")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[:5] == ["schema 1 -> 2: 5 messages rewritten",
+    assert lines[:6] == ["schema 1 -> 2: 5 messages rewritten",
                          "schema 2 -> 3: 0 messages rewritten",
                          "schema 3 -> 4: 0 messages rewritten",
                          "schema 4 -> 5: 0 messages rewritten",
-                         "schema 5 -> 6: 0 messages rewritten"] and len(lines) == 6
-    assert lines[5].endswith(" migrated from schema version 1 to 6"), lines
+                         "schema 5 -> 6: 0 messages rewritten",
+                         "schema 6 -> 7: 0 messages rewritten"] and len(lines) == 7
+    assert lines[6].endswith(" migrated from schema version 1 to 7"), lines
     after = audit.snapshot(schema1)
-    assert after.version == SCHEMA_VERSION == 6 and audit.check(after) == []
+    assert after.version == SCHEMA_VERSION == 7 and audit.check(after) == []
     assert after.messages == before.messages and after.journal == before.journal
     assert after.effect_rows == before.effect_rows and after.status == before.status
     assert {event_id: digest.hex() for event_id, digest in after.digests.items()} == {
@@ -149,7 +151,8 @@ def test_migrate_upgrades_the_schema_once_keeping_every_fact(schema1: str) -> No
     settled = schema_state(schema1)
     again = cli(schema1, "migrate")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.endswith(" is already at schema version 6: nothing to do\n")
+    assert again.stdout.endswith(f" is already at schema version {SCHEMA_VERSION}: "
+                                 "nothing to do\n")
     assert schema_state(schema1) == settled
     # The migrated queue works on: the expired lease recovered, both messages done once.
     work = cli(schema1, "--now", "2000", "work")
@@ -173,9 +176,9 @@ def _layout(dsn: str) -> dict[str, Any]:
 def test_a_migrated_schema_is_laid_out_as_a_new_one(schema1: str, pg_server: str) -> None:
     """Column for column, constraint for constraint, index for index (the order
     of the columns aside: ALTER TABLE appends them)."""
-    assert migrate(schema1).to_version == 6
+    assert migrate(schema1).to_version == SCHEMA_VERSION
     for fresh in pg.fresh_schema(pg_server):
-        Queue(fresh, clock=ModelClock(1000))  # creates schema 6
+        Queue(fresh, clock=ModelClock(1000))  # creates the current schema
         assert _layout(schema1) == _layout(fresh)
         assert [name for name, _ in _layout(fresh)["functions"]] == ["queue_core_step"]
 
@@ -192,7 +195,8 @@ def test_the_earlier_engine_refuses_a_migrated_schema_and_changes_nothing(
         assert done.returncode == 1, (command, done.stdout, done.stderr)
         # That engine's words for a PostgreSQL schema (its file message adds "upgrade it").
         assert done.stderr == ("error: schema_too_new: postgresql://local socket/postgres has "
-                               "queue schema version 6; this version of queue_core knows 1\n")
+                               f"queue schema version {SCHEMA_VERSION}; this version of "
+                               "queue_core knows 1\n")
         assert schema_state(schema1) == before
 
 
@@ -247,7 +251,8 @@ def test_a_session_holding_a_lock_on_messages_blocks_migrate_which_changes_nothi
     assert snap.version == 1 and audit.check(snap) == []
     assert migrate(schema1).steps == BOTH_STEPS  # the holder is gone
     snap = audit.snapshot(schema1)
-    assert snap.version == 6 and audit.check(snap) == [] and snap.states() == STATES_BEFORE
+    assert snap.version == SCHEMA_VERSION and audit.check(snap) == []
+    assert snap.states() == STATES_BEFORE
 
 
 def test_the_cli_says_migration_blocked_in_one_line(schema1: str) -> None:
@@ -296,12 +301,13 @@ def test_two_migrators_started_at_once_apply_the_step_once(schema1: str) -> None
     assert sorted(line for line in said if line.startswith("schema ")) == [
         "schema 1 -> 2: 5 messages rewritten", "schema 2 -> 3: 0 messages rewritten",
         "schema 3 -> 4: 0 messages rewritten", "schema 4 -> 5: 0 messages rewritten",
-        "schema 5 -> 6: 0 messages rewritten"], outputs
-    assert all(out.rstrip().endswith((" migrated from schema version 1 to 6",
-                                      " is already at schema version 6: nothing to do"))
+        "schema 5 -> 6: 0 messages rewritten", "schema 6 -> 7: 0 messages rewritten"], outputs
+    assert all(out.rstrip().endswith((" migrated from schema version 1 to 7",
+                                      " is already at schema version 7: nothing to do"))
                for out in outputs), outputs
     snap = audit.snapshot(schema1)
-    assert snap.version == 6 and audit.check(snap) == [] and snap.states() == STATES_BEFORE
+    assert snap.version == SCHEMA_VERSION and audit.check(snap) == []
+    assert snap.states() == STATES_BEFORE
 
 
 MIGRATION_POINTS = [point for point in LIFETIME_POINTS if point.startswith("migrate.")]
@@ -316,7 +322,7 @@ def test_a_migration_killed_at_each_point_leaves_version_1_intact_or_version_2_c
     snap = audit.snapshot(schema1)
     assert audit.check(snap) == [] and snap.version == (2 if point == "migrate.after_commit" else 1)
     assert snap.messages == before.messages and snap.money == 15000
-    assert migrate(schema1).to_version == 6 and audit.findings(schema1) == []
+    assert migrate(schema1).to_version == SCHEMA_VERSION and audit.findings(schema1) == []
 
 
 # An earlier-engine worker that keeps claiming and releasing (both of which schema
@@ -383,7 +389,7 @@ def test_how_long_migrating_10000_messages_blocks_a_running_worker(
     finally:
         worker.kill()
     assert worker.returncode == 0, err
-    assert done.steps == ((1, 10_000), (2, 0), (3, 0), (4, 0), (5, 0))
+    assert done.steps == ((1, 10_000), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0))
     said = json.loads(out.splitlines()[-1])
     assert said["refused"] == []  # claims and releases stay correct under schema 2
     ends = said["ends"]
@@ -394,7 +400,7 @@ def test_how_long_migrating_10000_messages_blocks_a_running_worker(
           f"{alone[len(alone) // 2] * 1000:.2f} ms apart before it, longest gap across the "
           f"migration {max(across) * 1000:.0f} ms")
     snap = audit.snapshot(pg_dsn)
-    assert snap.version == 6 and audit.check(snap) == []
+    assert snap.version == SCHEMA_VERSION and audit.check(snap) == []
     assert sum(m.state == "done" for m in snap.messages.values()) == 1000
     assert snap.money == sum(range(1, 1001))
 
@@ -419,7 +425,7 @@ def test_a_migrated_digest_is_the_engines_own_so_a_pruned_replay_is_still_a_dupl
         for lease in leases:
             queue.complete(lease, Handler())
         """), schema1, NON_ASCII)
-    assert migrate(schema1).steps == ((1, 6), (2, 0), (3, 0), (4, 0), (5, 0))
+    assert migrate(schema1).steps == ((1, 6), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0))
     snap = audit.snapshot(schema1)
     assert {e: d.hex() for e, d in snap.digests.items()} == {
         e: hashlib.sha256(m.payload.encode("utf-8")).hexdigest() for e, m in snap.messages.items()}
@@ -444,7 +450,7 @@ def test_a_step_longer_than_a_workers_transaction_limit_still_completes(
     """Every session ends a transaction older than ``transaction_timeout`` (17 and
     later); a migration step rewrites every message and may take longer, so it
     lifts that limit for its own transaction. A step made slower than the limit
-    completes, and the queue is version 6."""
+    completes, and the queue is of the current version."""
     with psycopg.connect(schema1) as conn:
         if conn.info.server_version < postgres.session.TRANSACTION_TIMEOUT_SINCE:
             pytest.skip("this server has no transaction_timeout (PostgreSQL 16 and older)")
@@ -453,4 +459,4 @@ def test_a_step_longer_than_a_workers_transaction_limit_still_completes(
                         ("SELECT pg_sleep(0.8)", *postgres.POSTGRES_STEPS[1]))
     assert migrate(schema1).steps == BOTH_STEPS
     snap = audit.snapshot(schema1)
-    assert snap.version == 6 and audit.check(snap) == [] and snap.money == 15000
+    assert snap.version == SCHEMA_VERSION and audit.check(snap) == [] and snap.money == 15000

@@ -103,7 +103,9 @@ def test_the_step_to_schema_6_sets_them_on_a_queue_of_the_previous_release(
                         "Queue(sys.argv[1], clock=ModelClock(1000)).enqueue_jsonl(sys.argv[2])",
                         pg_dsn, batch(1, 3))
     assert storage(pg_dsn) is None  # schema 5 left every parameter at the server's default
-    assert (migrate(pg_dsn).from_version, postgres.SCHEMA_VERSION) == (5, 6)
+    done = migrate(pg_dsn)
+    assert (done.from_version, done.to_version) == (5, postgres.SCHEMA_VERSION)
+    assert done.steps == ((5, 0), (6, 0))  # 5 -> 6 sets them; 6 -> 7 keeps them
     assert storage(pg_dsn) == STORAGE
 
 

@@ -85,21 +85,23 @@ def test_a_postgresql_schema_of_version_2_is_refused_for_writes_then_migrated_by
     work = cli(db, "--now", "2000", "work")
     assert work.returncode == 1 and work.stdout == ""
     assert work.stderr.startswith("error: schema_too_old: ") and "schema version 2;" in work.stderr
-    assert "writes version 6: run `queue-core migrate` first" in work.stderr
+    assert (f"writes version {postgres.SCHEMA_VERSION}: run `queue-core migrate` first"
+            in work.stderr)
 
     done = cli(db, "migrate")
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "schema 2 -> 3: 0 messages rewritten"
     after = audit.snapshot(db)
-    assert after.version == postgres.SCHEMA_VERSION == 6 and audit.check(after) == []
+    assert after.version == postgres.SCHEMA_VERSION and audit.check(after) == []
     assert (after.messages, after.journal, after.effect_rows, after.digests) == (
         before.messages, before.journal, before.effect_rows, before.digests)
     assert _functions(db) == ["queue_core_step"]
     finished(db)
     refused = previous_engine.cli(engine, "--db", db, "status")
     assert refused.returncode == 1
-    assert refused.stderr.startswith("error: schema_too_new: ") and "version 6" in refused.stderr
+    assert refused.stderr.startswith("error: schema_too_new: ")
+    assert f"version {postgres.SCHEMA_VERSION}" in refused.stderr
 
 
 # A worker of that engine whose session opened, and claimed, before the step commits.
@@ -113,7 +115,7 @@ def test_a_running_worker_of_that_engine_goes_on_unchanged_across_the_step(
     db = written(engine, pg_dsn)
 
     def step() -> None:
-        assert migrate(db).steps == ((2, 0), (3, 0), (4, 0), (5, 0))
+        assert migrate(db).steps == ((2, 0), (3, 0), (4, 0), (5, 0), (6, 0))
 
     said: dict[str, Any] = {line["step"]: line for line in
                             worker_said(engine, db, step, AFTER_STEP)}
@@ -122,7 +124,8 @@ def test_a_running_worker_of_that_engine_goes_on_unchanged_across_the_step(
     assert said["enqueue"]["ok"] == "EnqueueResult(inserted=1, duplicates=0)"
     assert said["work"]["ok"] == "['done']"  # E0009; E0004's lease is not yet over at 1020
     snap = audit.snapshot(db)
-    assert audit.check(snap) == [] and snap.version == 6 and snap.money == 15800
+    assert audit.check(snap) == [] and snap.version == postgres.SCHEMA_VERSION
+    assert snap.money == 15800
     drain(Queue(db, clock=ModelClock(2000)), Handler())
     snap = audit.snapshot(db)
     assert audit.check(snap) == [] and snap.money == 17800
@@ -138,5 +141,5 @@ def test_this_engine_refuses_to_write_a_version_2_schema_before_it_is_migrated(
     assert refused.value.code == "schema_too_old"
     assert audit.snapshot(db).states() == STATES_BEFORE
     queue.migrate()
-    assert queue.schema_version == 6
+    assert queue.schema_version == postgres.SCHEMA_VERSION
     assert queue.claim() is not None

@@ -4,13 +4,15 @@ The engine of 11541ae writes SQLite's schema 3 and PostgreSQL's schema 5, and
 claims in ``available_at`` order. The step to SQLite's 4 and PostgreSQL's 6
 adds each message's priority (0 for every message it finds: no row is
 rewritten) and builds the live index in the claim's order; on PostgreSQL it
-also replaces the step's function. On each store, for a course queue and a
-general one: a queue of that version is refused for writes until
-``migrate``, which keeps every fact; a second run changes nothing; the step
-is crash-swept at its four points; that engine refuses the migrated queue
-when it opens it; a SQLite worker of that engine running across the step is
-refused at its next transaction, and a PostgreSQL one goes on (its own claim
-in its old order, its step through the new function) with the money exact.
+also replaces the step's function, which the step to 7 then replaces again
+(its claim's constant LIMIT: ``test_schema6_engine``). On each store, for a
+course queue and a general one: a queue of that version is refused for
+writes until ``migrate``, which keeps every fact; a second run changes
+nothing; the step is crash-swept at its four points; that engine refuses the
+migrated queue when it opens it; a SQLite worker of that engine running
+across the step is refused at its next transaction, and a PostgreSQL one
+goes on (its own claim in its old order, its step through the new function)
+with the money exact.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from queue_core.lab.lifetime.migration import migrate_killed_at
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = previous_engine.SCHEMA5_ENGINE
 OLD = {"sqlite": 3, "postgres": 5}
+STEP = {"sqlite": 4, "postgres": 6}  # the priority's step; PostgreSQL's 7 follows
 NEW = {"sqlite": sqlite.SCHEMA_VERSION, "postgres": postgres.SCHEMA_VERSION}
+STEPS = {"sqlite": ((3, 0),), "postgres": ((5, 0), (6, 0))}  # what ``migrate`` applies
 MIGRATION_POINTS = ("migrate.after_begin", "migrate.after_copy", "migrate.before_commit",
                     "migrate.after_commit")
 STORY = V1_STORY.split("import sqlite3")[0]  # every state, 15000 of money
@@ -203,10 +207,10 @@ def test_that_engines_queue_is_refused_for_writes_then_migrated_keeping_every_me
     done = cli(db, "migrate")
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"schema {OLD[store]} -> {NEW[store]}: " \
-                                          "0 messages rewritten"
-    assert done.stdout.splitlines()[1].endswith(
-        f" migrated from schema version {OLD[store]} to {NEW[store]}")
+    lines = done.stdout.splitlines()
+    assert lines[:-1] == [f"schema {version} -> {version + 1}: 0 messages rewritten"
+                          for version, _ in STEPS[store]], lines
+    assert lines[-1].endswith(f" migrated from schema version {OLD[store]} to {NEW[store]}")
     after = audit.snapshot(db)
     assert after.version == NEW[store] and audit.check(after) == [] and after.money == 15000
     # every message keeps its state, generation, attempts, payload... and has priority 0
@@ -240,7 +244,7 @@ def test_that_engines_queue_is_refused_for_writes_then_migrated_keeping_every_me
 def test_that_engine_refuses_the_migrated_queue_and_changes_nothing(
         engine: Path, written: tuple[str, str, str], tmp_path: Path) -> None:
     store, ids, db = written
-    assert migrate(db).steps == ((OLD[store], 0),)
+    assert migrate(db).steps == STEPS[store]
     batch = tmp_path / "batch.jsonl"
     batch.write_text(f'{{"event_id": "{"E0009" if ids == "course" else "order-9"}", '
                      '"payload": {"category": "pen", "amount_cents": 1}}\n')
@@ -273,10 +277,19 @@ def test_the_step_killed_at_each_point_leaves_the_old_version_intact_or_the_new_
     assert audit.check(snap) == [] and snap.money == 15000 and snap.messages == before.messages
     assert (snap.journal, snap.effect_rows, snap.digests) == (
         before.journal, before.effect_rows, before.digests)
-    if point == "migrate.after_commit":  # the new version, complete
-        assert snap.version == NEW[store] and layout(db) == new_layout(store, "course")
+    if point == "migrate.after_commit":  # the priority's step, complete
+        assert snap.version == STEP[store]
         assert stored_rows(db, kept) == was[2]
         assert {m.priority for m in snap.messages.values()} == {0}
+        found, new = layout(db), new_layout(store, "course")
+        if store == "sqlite":  # the new version
+            assert found == new
+        else:  # all but the step's function, schema 6's until the step to 7 replaces it
+            assert {k: v for k, v in found.items() if k != "functions"} == {
+                k: v for k, v in new.items() if k != "functions"}
+            [(name, text)] = found["functions"]
+            assert name == "queue_core_step" and "LIMIT p_claim" in text
+            assert found["functions"] != new["functions"]
     else:  # the old version, as it was: layout, version and every row
         assert everything(db) == was
     assert migrate(db).to_version == NEW[store] and audit.findings(db) == []
@@ -301,7 +314,7 @@ def test_a_running_worker_of_that_engine_is_refused_on_sqlite_and_goes_on_on_pos
     store, db = course
 
     def step() -> None:  # that worker's session opened, and claimed, before it commits
-        assert migrate(db).steps == ((OLD[store], 0),)
+        assert migrate(db).steps == STEPS[store]
         if store == "postgres":
             queue = Queue(db, clock=ModelClock(1020))
             queue.enqueue_jsonl(LATER[0])

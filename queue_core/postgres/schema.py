@@ -18,10 +18,12 @@ from ..transitions import EXPIRED, LIVE
 # a function of the schema (3), and that step holding the stored payload to the
 # digest kept from enqueue on (4), and the rule its event ids follow recorded in
 # the meta row (5, as SQLite's 3), and a message's priority with the live index in
-# the claim's order (6, as SQLite's 4). Each store counts its own versions: a SQLite
-# file has no use for a server-side function, and is not rewritten for one.
+# the claim's order (6, as SQLite's 4), and the step claiming its next message
+# with a constant LIMIT, so the server plans it once per session (7:
+# ``step.NEXT_ONLY``). Each store counts its own versions: a SQLite file has no
+# use for a server-side function, and is not rewritten for one.
 # ``migrations`` upgrades a schema of every earlier version to it.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 META_TABLE = "queue_core_meta"
 

@@ -148,7 +148,8 @@ class PostgresStore:
              claim: int = 1) -> list[tuple[Any, ...]]:
         """Run the worker's step (``STEP_FUNCTION``) in a transaction of its own:
         ACK ``lease`` with ``effect``, computed from the payload whose SHA-256 is
-        ``digest``, then claim up to ``claim`` due messages; return its rows.
+        ``digest``, then, unless ``claim`` is 0, claim the next due message; return
+        its rows.
 
         ``BEGIN``, the call and ``COMMIT`` are one message (a simple query, its
         values bound by the client), so the server runs the whole transaction

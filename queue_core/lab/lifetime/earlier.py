@@ -35,6 +35,9 @@ SCHEMA3_ENGINE = "275fe7a"
 SCHEMA4_ENGINE = "e256d49"
 # The last release before priorities: it writes PostgreSQL's schema 5, SQLite's 3.
 SCHEMA5_ENGINE = "11541ae"
+# The last release before PostgreSQL's schema 7 (the step's claim with a constant
+# LIMIT): it writes PostgreSQL's schema 6, SQLite's 4.
+SCHEMA6_ENGINE = "310843c"
 
 # One state of every kind, written by the earlier engine on a model clock:
 # E0001 and E0003 done (E0003 at generation 2), E0002 dead, E0004 leased until

@@ -11,14 +11,14 @@ here, added to ``STEPS``, and the new text in ``schema`` (or ``step``).
 
 from __future__ import annotations
 
-from . import v0002, v0003, v0004, v0005, v0006
+from . import v0002, v0003, v0004, v0005, v0006, v0007
 
 # version -> the statements that upgrade a schema of that version to the next
 STEPS: dict[int, tuple[str, ...]] = {1: v0002.STATEMENTS, 2: v0003.STATEMENTS,
                                      3: v0004.STATEMENTS, 4: v0005.STATEMENTS,
-                                     5: v0006.STATEMENTS}
+                                     5: v0006.STATEMENTS, 6: v0007.STATEMENTS}
 # the steps that rewrite every message (the others none)
 REWRITES_MESSAGES = frozenset(version for version, module in
                               ((1, v0002), (2, v0003), (3, v0004),
-                                                       (4, v0005), (5, v0006))
+                                                       (4, v0005), (5, v0006), (6, v0007))
                               if module.REWRITES_MESSAGES)
