@@ -337,3 +337,36 @@ def test_an_ack_whose_lease_was_taken_over_during_its_handler_writes_nothing(
     assert ledger(pg_dsn) == (0, 0, {"leased": 1})
     queue.complete(handler.taken, Handler())
     assert ledger(pg_dsn) == (100, 1, {"done": 1})
+
+
+def test_a_batch_of_many_events_is_stored_by_one_statement_in_its_own_order(
+        pg_dsn: str) -> None:
+    """``PgConnection.executemany`` sends an INSERT of many rows as one statement
+    (the server prepares the table's CHECKs once per statement): every row
+    stored, journalled in the batch's order, and a refused row refuses it whole."""
+    events = [(f"E{i:04d}", ("book", "pen", "bag")[i % 3], 100 + i) for i in range(1000, 0, -1)]
+    queue = Queue(pg_dsn, clock=ModelClock(1000))
+    assert queue.enqueue_jsonl(jsonl(events)).inserted == 1000
+    journal = sql(pg_dsn, "SELECT event_id, from_state, to_state, reason FROM transitions "
+                          "ORDER BY seq")
+    assert journal == [(e, None, "ready", "enqueued") for e, _, _ in events]
+    assert sql(pg_dsn, "SELECT count(*), sum(length(payload)) FROM messages") == [
+        (1000, sum(len(json.dumps({"amount_cents": a, "category": c}, separators=(",", ":")))
+                   for _, c, a in events))]
+    before = sql(pg_dsn, "SELECT count(*) FROM transitions")
+    insert = "INSERT INTO effects (event_id, category, amount_cents) VALUES (?, ?, ?)"
+    with queue.session():
+        with pytest.raises(LookupError):  # rolled back: only the statement's tag is kept
+            with queue.transaction() as conn:
+                cursor = conn.executemany(insert, [("E0001", "book", 5), ("E0002", "pen", 6),
+                                                   ("E0003", "bag", 7)])
+                conn.execute("SELECT 1").fetchall()  # the pipeline's results, read up to here
+                said = cursor.statusmessage
+                raise LookupError
+        assert said == "INSERT 0 3"  # one statement (per row, the last would say 1)
+        with pytest.raises(psycopg.errors.CheckViolation, match="amount_in_range"):
+            with queue.transaction() as conn:  # a row the schema refuses, after one it takes
+                conn.executemany(insert, [("E0001", "book", 5), ("E0002", "pen", 0)])
+    assert sql(pg_dsn, "SELECT count(*) FROM effects") == [(0,)]
+    assert sql(pg_dsn, "SELECT count(*) FROM transitions") == before
+    assert ledger(pg_dsn) == (0, 0, {"ready": 1000})
