@@ -171,6 +171,14 @@ def read_journal_after(conn: Any, after: int, limit: int) -> list[Transition]:
         (after, limit))]
 
 
+def read_journal_among(conn: Any, event_ids: list[str]) -> list[Transition]:
+    """Every journal row of ``event_ids``, oldest first (by an index of the journal
+    by event id: PostgreSQL's ``transitions_event``)."""
+    return sorted((_transition(row) for row in rows_among(
+        conn, f"SELECT {_JOURNAL_COLUMNS} FROM transitions WHERE event_id IN ({{}})",
+        event_ids)), key=lambda step: step.seq)
+
+
 def read_effects(conn: sqlite3.Connection) -> list[EffectRow]:
     """Every stored effect row, the contrasts' ledger included where it exists."""
     rows = [EffectRow(*row) for row in conn.execute(

@@ -20,7 +20,8 @@ why (``sqlite/migrations/v0002.py`` ... ``postgres/migrations/v0007.py``):
   function is replaced by one that claims in that order;
 - PostgreSQL 7: that function claims its one next message with a constant
   LIMIT, so the server keeps one plan for the claim instead of planning it at
-  every step (nothing else changes; no row is touched).
+  every step; and the journal gets an index by event, by which prune reads
+  the rows of the messages it prunes (no row is rewritten).
 
 Each store's runner knows its list of steps and runs each in ONE transaction
 that reads the version again inside it:

@@ -96,7 +96,7 @@ WAL_TRUNCATE_BYTES = 1024 * 1024  # a WAL this long is truncated after a quiet p
 _CANDIDATES = ("SELECT event_id FROM messages WHERE state = 'done' AND payload IS NOT NULL "
                f"AND {CLAIM_ORDER} <= ? AND available_at <= ? AND finished_at <= ? "
                f"ORDER BY {CLAIM_ORDER}, event_id LIMIT ?")
-_CHUNK = 500  # sequence numbers per IN (...) list
+_CHUNK = 500  # keys per IN (...) list
 _JOURNAL_PAGE = 500  # journal rows read at a time
 
 
@@ -308,8 +308,12 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
     conn.executemany("INSERT INTO compacted (event_id, enqueued_at, claims, redrives, steps, "
                      "category, amount_cents) VALUES (?, ?, ?, ?, ?, ?, ?)",
                      [judged[event_id].record for event_id in compacted])
-    conn.executemany("UPDATE messages SET payload = NULL WHERE event_id = ? AND state = 'done' "
-                     "AND payload IS NOT NULL", [(event_id,) for event_id in compacted])
+    # One UPDATE for the batch, not one per message: PostgreSQL prepares the CHECK
+    # constraints of ``messages`` once for every statement it runs.
+    for start in range(0, len(compacted), _CHUNK):
+        chunk = compacted[start:start + _CHUNK]
+        conn.execute("UPDATE messages SET payload = NULL WHERE state = 'done' AND payload "
+                     f"IS NOT NULL AND event_id IN ({', '.join('?' * len(chunk))})", chunk)
     crash_point("prune.after_compact")
     for start in range(0, len(seqs), _CHUNK):
         chunk = seqs[start:start + _CHUNK]
@@ -319,6 +323,17 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
 
 
 def _journal_of(queue: Queue, ids: set[str]) -> dict[str, list[Transition]]:
+    """The journal rows of ``ids``: by the journal's index by event id where the
+    store has one (``Store.journal_by_event``: PostgreSQL), else by ``_walk``."""
+    if not queue.store.journal_by_event:
+        return _walk(queue, ids)
+    steps: dict[str, list[Transition]] = {}
+    for step in queue._read(lambda conn: audit.read_journal_among(conn, sorted(ids))):
+        steps.setdefault(step.event_id, []).append(step)
+    return steps
+
+
+def _walk(queue: Queue, ids: set[str]) -> dict[str, list[Transition]]:
     """The journal rows of ``ids``, from one walk of the journal from its oldest row,
     which stops once each has its ``done`` row (its last: done is final). The
     oldest done messages are pruned first, so their rows are near the head; but

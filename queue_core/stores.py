@@ -29,6 +29,7 @@ class Store(Protocol):
     target: str                                      # the path or the connection string
     schema_version: int                              # the version this engine writes here
     fused_step: bool                                 # whether ``step`` exists (PostgreSQL)
+    journal_by_event: bool                           # whether the journal has an event_id index
     expired: str                                     # its read of expired leases (``EXPIRED``)
     integrity_errors: tuple[type[BaseException], ...]
     errors: tuple[type[BaseException], ...]

@@ -1,14 +1,15 @@
 """Queues written by the release before PostgreSQL's schema 7, tested with its own code.
 
 The engine of 310843c writes PostgreSQL's schema 6 and SQLite's 4, and knows
-priorities. The step to PostgreSQL's 7 replaces only the step's function, by
-one that claims the worker's next message with a constant ``LIMIT 1`` instead
-of ``LIMIT p_claim`` (``postgres.step.NEXT_ONLY``); no table, index or row is
-touched. For a course queue and a general one: a queue of that version is
-refused for writes until ``migrate``, which keeps every fact and every row
-where it lies; a second run changes nothing; the function is then a new
-queue's, the same function (its oid, arguments and rows) with the constant
-LIMIT; that engine refuses the migrated queue and changes nothing. The step
+priorities. The step to PostgreSQL's 7 replaces the step's function, by one
+that claims the worker's next message with a constant ``LIMIT 1`` instead of
+``LIMIT p_claim`` (``postgres.step.NEXT_ONLY``), and adds the journal's index by
+event, by which prune reads the messages it prunes; no row is rewritten. For
+a course queue and a general one: a queue of that version is refused for
+writes until ``migrate``, which keeps every fact and every row where it lies;
+a second run changes nothing; the function is then a new queue's, the same
+function (its oid, arguments and rows) with the constant LIMIT; that engine
+refuses the migrated queue and changes nothing. The step
 is crash-swept at its four points, and a worker of that engine running across
 it goes on, its step calling the new function, with the money exact. SQLite
 has no step here: a file that engine wrote is current, and works unmigrated.
@@ -218,8 +219,12 @@ def test_that_engines_queue_is_refused_for_writes_then_migrated_keeping_every_ro
         before.journal, before.effect_rows, before.digests, before.status)
     assert stored_rows(db, kept) == was[2]  # no row rewritten, nor moved
     assert layout(db) == new_layout(ids)
-    assert {k: v for k, v in layout(db).items() if k != "functions"} == {
-        k: v for k, v in was[0].items() if k != "functions"}  # the function alone replaced
+    # the function replaced, and the journal's index by event added; nothing else
+    assert {k: v for k, v in layout(db).items() if k not in ("functions", "indexes")} == {
+        k: v for k, v in was[0].items() if k not in ("functions", "indexes")}
+    assert layout(db)["indexes"] - was[0]["indexes"] == {
+        ("transitions_event", "CREATE INDEX transitions_event ON transitions USING btree "
+                              "(event_id)")} and was[0]["indexes"] < layout(db)["indexes"]
     assert Queue(db).id_rule == ids and Queue(db).status().ids == ids
     settled = everything(db)
     again = cli(db, "migrate")

@@ -75,6 +75,7 @@ class PostgresStore:
     schema_version = SCHEMA_VERSION
     expired = EXPIRED_READ
     fused_step = True  # the worker's step is a function of the schema (``step``)
+    journal_by_event = True  # ``transitions_event`` (schema 7): prune reads a message's rows
     integrity_errors: tuple[type[BaseException], ...] = (psycopg.errors.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     def __init__(self, dsn: str) -> None:

@@ -27,6 +27,9 @@ class SqliteStore:
     schema_version = SCHEMA_VERSION
     expired = EXPIRED  # the claim's read of expired leases: the leased range of messages_live
     fused_step = False  # the worker's step runs here, in one local transaction
+    # No index of the journal by event: it would be one more page in every step's
+    # commit (4 now); prune walks the journal instead (``retention._journal_of``).
+    journal_by_event = False
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
     def __init__(self, path: str | os.PathLike[str]) -> None:
