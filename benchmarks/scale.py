@@ -80,14 +80,17 @@ class Plan:
     # A trial, not what the package does: the pruner also runs VACUUM messages on
     # PostgreSQL after every this many messages pruned (0: never; autovacuum only).
     vacuum_every: int = 0
-    # A trial of the server's own setting: the private server's autovacuum_naptime,
-    # in seconds (0: its default, a minute). The schema's storage parameters say
-    # when ``messages`` needs a vacuum; the naptime is how often autovacuum looks.
-    naptime: int = 0
+    # The private server's autovacuum_naptime, in seconds, set as README advises for a
+    # server that serves a busy queue (0: PostgreSQL's default, a minute). The schema's
+    # storage parameters say when ``messages`` needs a vacuum; the naptime is how often
+    # autovacuum looks. A server that ``QUEUE_CORE_PG_DSN`` names keeps its own
+    # (``naptime_set`` says whether this run set it; the report gives the one it had).
+    naptime: int = 1
+    naptime_set: bool = False
 
 
 FULL = Plan(pg_events=1_000_000, pg_workers=(1, 2, 4, 8), sqlite_events=200_000,
-            sqlite_workers=(1, 2, 4), control=30_000, retention_s=10, raw_s=4.0, sample_s=5.0)
+            sqlite_workers=(1, 2, 4), control=30_000, retention_s=3, raw_s=2.0, sample_s=5.0)
 SMALL = replace(FULL, pg_events=100_000, sqlite_events=20_000, control=3_000, retention_s=3,
                 raw_s=2.0, sample_s=2.0)
 TINY = replace(FULL, pg_events=300, pg_workers=(1, 2), sqlite_events=300, sqlite_workers=(1, 2),
@@ -344,8 +347,7 @@ def run(plan: Plan, say: Callable[[str], None], workdir: Path) -> dict[str, Any]
                 results["postgres_skipped"] = str(exc)
                 server = None
             if server is not None:
-                if plan.naptime:
-                    set_naptime(server, plan.naptime)
+                results["naptime"] = naptime_of(server, plan)
                 schemas = stack.enter_context(Schemas(server, "queue_scale"))
                 results["postgres"] = run_store("postgres", schemas.fresh("main"),
                                                 schemas.fresh("control"),
@@ -354,19 +356,31 @@ def run(plan: Plan, say: Callable[[str], None], workdir: Path) -> dict[str, Any]
     return results
 
 
-def set_naptime(server: str, seconds: int) -> None:
-    """Set the private server's ``autovacuum_naptime`` (a trial: ``--naptime``); a
-    server that ``QUEUE_CORE_PG_DSN`` names is another's, and is never changed."""
+def naptime_of(server: str, plan: Plan) -> dict[str, Any]:
+    """The server's ``autovacuum_naptime`` for this run, in seconds, and whether this
+    run set it: on this run's private server, ``plan.naptime`` (unless 0); a server
+    that ``QUEUE_CORE_PG_DSN`` names is another's, never changed (``--naptime``
+    given for it is refused), and its own is read."""
     import psycopg
 
     from queue_core.lab.servers.postgres_server import DSN_VARIABLE
 
-    if os.environ.get(DSN_VARIABLE):
+    if os.environ.get(DSN_VARIABLE) and plan.naptime_set:
         raise CheckFailed(f"--naptime changes a server's settings: only this run's private "
                           f"server, never the one {DSN_VARIABLE} names")
+    here = bool(plan.naptime) and not os.environ.get(DSN_VARIABLE)
     with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = {int(seconds)}")
-        conn.execute("SELECT pg_reload_conf()")
+        if here:
+            conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = {int(plan.naptime)}")
+            conn.execute("SELECT pg_reload_conf()")
+            deadline = time.perf_counter() + 10  # the reload is asynchronous
+            while conn.execute("SELECT setting::int FROM pg_settings WHERE name = "
+                               "'autovacuum_naptime'").fetchone()[0] != plan.naptime \
+                    and time.perf_counter() < deadline:
+                time.sleep(0.05)
+        seconds = conn.execute("SELECT setting::int FROM pg_settings "
+                               "WHERE name = 'autovacuum_naptime'").fetchone()[0]
+    return {"seconds": int(seconds), "set": here}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,14 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vacuum-every", type=int, default=0, metavar="N",
                         help="a trial: the pruner runs VACUUM messages on PostgreSQL after "
                              "every N messages pruned (the package never does)")
-    parser.add_argument("--naptime", type=int, default=0, metavar="S",
-                        help="a trial: the private PostgreSQL server's autovacuum_naptime, "
-                             "in seconds (its default is 60)")
+    parser.add_argument("--naptime", type=int, default=None, metavar="S",
+                        help="the private PostgreSQL server's autovacuum_naptime in seconds "
+                             "(default 1, as README advises for a busy queue; 0: PostgreSQL's "
+                             "own default, 60)")
     parser.add_argument("--png", default=str(HERE.parent / "build" / "scale.png"),
                         help="where the picture goes")
     args = parser.parse_args(argv)
     plan = replace(SMALL if args.ci else PLANS[args.scale], vacuum_every=args.vacuum_every,
-                   naptime=args.naptime,
+                   naptime=FULL.naptime if args.naptime is None else args.naptime,
+                   naptime_set=args.naptime is not None,
                    postgres=args.only != "sqlite", sqlite=args.only != "postgres")
 
     def say(text: str) -> None:
