@@ -171,11 +171,15 @@ def read_journal_after(conn: Any, after: int, limit: int) -> list[Transition]:
         (after, limit))]
 
 
-def read_journal_among(conn: Any, event_ids: list[str]) -> list[Transition]:
-    """Every journal row of ``event_ids``, oldest first (by an index of the journal
-    by event id: PostgreSQL's ``transitions_event``)."""
+def read_journal_among(conn: Any, event_ids: list[str],
+                       seqs: tuple[int, int] | None = None) -> list[Transition]:
+    """The journal rows of ``event_ids``, oldest first: every one (by an index of the
+    journal by event id: PostgreSQL's ``transitions_event``), or those with a
+    sequence number in ``seqs`` (after, up to), a range of the journal's own order,
+    which the database reads whole and filters (SQLite, which has no such index)."""
+    where = "" if seqs is None else f"seq > {int(seqs[0])} AND seq <= {int(seqs[1])} AND "
     return sorted((_transition(row) for row in rows_among(
-        conn, f"SELECT {_JOURNAL_COLUMNS} FROM transitions WHERE event_id IN ({{}})",
+        conn, f"SELECT {_JOURNAL_COLUMNS} FROM transitions WHERE {where}event_id IN ({{}})",
         event_ids)), key=lambda step: step.seq)
 
 

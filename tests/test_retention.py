@@ -109,18 +109,21 @@ class ReadsNoted(Queue):
         return result
 
 
-def test_prune_behind_a_backlog_reads_its_messages_rows_alone_or_the_journal_page_by_page(
-        store: str) -> None:
+def test_prune_behind_a_backlog_reads_its_messages_rows_alone_by_index_or_span_by_span(
+        store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """PostgreSQL reads the rows of the messages it prunes by the journal's index by
-    event; SQLite, which has none, walks the journal a page per read transaction."""
-    from queue_core.retention import _JOURNAL_PAGE
+    event; SQLite, which has none, walks the journal a span of sequence numbers per
+    read transaction, the database keeping only those messages' rows."""
+    from queue_core import retention
     from queue_core.values import Transition
+
+    monkeypatch.setattr(retention, "_WALK_SPAN", 500)  # the backlog spans three
 
     clock = ModelClock(1000)
     queue = ReadsNoted(store, clock=clock)
     line = '{{"event_id": "E{:04d}", "payload": {{"category": "book", "amount_cents": {}}}}}'
     queue.enqueue_jsonl("\n".join(line.format(n, 100 * n) for n in range(1, 11)))
-    backlog = 2 * _JOURNAL_PAGE + 200  # queued behind them, never claimed
+    backlog = 1200  # queued behind them, never claimed
     for first in range(11, 11 + backlog, 600):  # a batch holds at most 1,000 lines
         queue.enqueue_jsonl("\n".join(line.format(n, 1) for n in range(first, min(
             first + 600, 11 + backlog))))
@@ -131,16 +134,17 @@ def test_prune_behind_a_backlog_reads_its_messages_rows_alone_or_the_journal_pag
     pruned = queue.prune(0)
 
     # E0010 owns the journal's newest row and waits
-    pages = [r for r in queue.results
-             if isinstance(r, list) and r and isinstance(r[0], Transition)]
+    pages = [r for r in queue.results if isinstance(r, list) and r is not queue.results
+             and all(isinstance(step, Transition) for step in r)]
     assert (pruned.messages, pruned.waiting) == (9, "E0010")
+    rows = ([(f"E{n:04d}", "enqueued") for n in range(1, 10)]
+            + [(f"E{n:04d}", reason) for n in range(1, 10) for reason in ("claimed", "completed")])
     if queue.store.journal_by_event:  # one read: the 9 messages' rows, nothing of the backlog
+        assert [[(s.event_id, s.reason) for s in page] for page in pages] == [rows]
+    else:  # seq 1-10 are the 10 enqueued rows, 11-1210 the backlog's, then the claims: the
+        # walk to E0009's done row read seq 1-500, 501-1000, 1001-1500 (a read each)
         assert [[(s.event_id, s.reason) for s in page] for page in pages] == [
-            [(f"E{n:04d}", "enqueued") for n in range(1, 10)]
-            + [(f"E{n:04d}", reason) for n in range(1, 10) for reason in ("claimed", "completed")]]
-    else:  # the walk to E0010's done row passed every enqueued row of the backlog
-        assert len(pages) == 3 and all(len(page) <= _JOURNAL_PAGE for page in pages)
-        assert sum(len(page) for page in pages) == 10 + backlog + 20  # enqueued, claimed, done
+            rows[:9], [], rows[9:]]
     snap = audit.snapshot(store)
     assert audit.check(snap) == []
     assert (snap.money, len(snap.effect_rows)) == (5500, 10)
