@@ -213,10 +213,13 @@ def build_cases(workdir: Path, plan: Plan, pool: list[Worker],
     if plan.prune_case and pruner is not None and not plan.durable_peers_only:
         yield PrunedEndToEnd(workdir, n, one, pruner)
     if plan.full or plan.workers:
+        # Filled as the one worker's case is, an event per commit: a file filled by one
+        # batch meets its checkpoint in the timed drain where one filled commit by
+        # commit met it in the untimed fill, and four workers came out 0.05 slower.
         yield EndToEnd("two_workers", "ours, single message, 2 workers", workdir, n,
-                       op="drain", workers=pool[:2])
+                       op="drain", workers=pool[:2], producer="single")
         yield EndToEnd("four_workers", "ours, single message, 4 workers", workdir, n,
-                       op="drain", workers=pool[:4])
+                       op="drain", workers=pool[:4], producer="single")
     for k in plan.batches:
         count = {1: n, 10: plan.k10, 100: plan.k100}[k]
         yield EndToEnd(f"batch_{k}", f"ours, batched claim + complete, K={k}", workdir, count,
@@ -400,11 +403,39 @@ def lifetime_figures(workdir: Path, plan: Plan, cases: list[Case], schemas: Sche
     return found
 
 
+# The cases compared with one worker on the same work (``PAIRED_BASE``): 2 and 4
+# worker processes, and one worker with a pruning process beside it.
+PAIRED_BASE = "single"
+PAIRED = ("two_workers", "four_workers", "single_pruned")
+
+
+def round_order(cases: list[Case], round_no: int) -> list[Case]:
+    """One round's slices: every case once (the first one rotates), but each case
+    of ``PAIRED`` between two slices of ``PAIRED_BASE`` (A, B, A, C, A ...), in
+    an order that rotates too, before the rest."""
+    turn = round_no % len(cases)
+    order = cases[turn:] + cases[:turn]
+    base = [case for case in cases if case.name == PAIRED_BASE]
+    paired = [case for case in cases if case.name in PAIRED]
+    if not base or not paired:
+        return order
+    turn = round_no % len(paired)
+    paired = paired[turn:] + paired[:turn]
+    rest = [case for case in order if case not in base and case not in paired]
+    return [base[0], *(case for one in paired for case in (one, base[0])), *rest]
+
+
 def interleave(cases: list[Case], raws: dict[str, Case], rounds: int, budget_s: float,
                say: Callable[[str], None]) -> None:
-    """Run every case once per round (the first one rotates); after each slice,
-    a slice of the raw commits it is divided by (its ``baseline``), so each
-    case is judged against the limit measured just before and just after it."""
+    """Run every case once per round (``round_order``); after each slice, a slice
+    of the raw commits it is divided by (its ``baseline``), so each case is
+    judged against the limit measured just before and just after it. A case of
+    ``PAIRED`` is also judged against the one worker of the slices just before
+    and just after it (``Case.paired``): the disk under this machine changes
+    speed from one second to the next, so that even raw commits measured around
+    a slice swing by tens of percent; two slices of the same work a few tenths
+    of a second apart share the disk's state, and their ratio is what the
+    figures "N workers vs 1" and "prune beside vs without" ask for."""
     before = {}
     for name, raw in raws.items():
         before[name] = raw.slice()
@@ -413,8 +444,9 @@ def interleave(cases: list[Case], raws: dict[str, Case], rounds: int, budget_s: 
     for round_no in range(rounds):
         if round_no >= 2 and time.perf_counter() - started > budget_s:
             break
-        turn = round_no % len(cases)
-        for case in cases[turn:] + cases[:turn]:
+        waiting: Case | None = None  # a PAIRED case's slice, waiting for the base's next
+        base_rate: float | None = None  # the base case's last slice
+        for case in round_order(cases, round_no):
             raw = raws[case.baseline]
             measured = case.slice()
             after = raw.slice()
@@ -424,6 +456,13 @@ def interleave(cases: list[Case], raws: dict[str, Case], rounds: int, budget_s: 
             case.relative.append(_rate(measured) / limit)
             case.relative_total.append(measured.messages / measured.total_s / limit)
             before[case.baseline] = after
+            if case.name == PAIRED_BASE:
+                if waiting is not None and base_rate is not None:
+                    waiting.paired.append(_rate(waiting.slices[-1]) * 2
+                                          / (base_rate + _rate(measured)))
+                waiting, base_rate = None, _rate(measured)
+            elif case.name in PAIRED:
+                waiting = case
         say(f"round {round_no + 1}/{rounds} done")
 
 

@@ -115,6 +115,10 @@ class Case:
     slices: list[Slice] = field(default_factory=list)
     relative: list[float] = field(default_factory=list)
     relative_total: list[float] = field(default_factory=list)
+    # Each slice's consume rate over the mean of the base case's slices just before
+    # and just after it (``bench.interleave``'s pairs): for the cases compared with
+    # one worker on the same work, where no other case's rate stands in between.
+    paired: list[float] = field(default_factory=list)
 
     def slice(self) -> Slice:
         raise NotImplementedError

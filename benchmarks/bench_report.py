@@ -44,6 +44,8 @@ def summarise(cases: list[Case], raws: list[Case], memory: tuple[int, float] | N
         "end_to_end": {case.name: case.end_to_end() for case in every},
         "vs_raw": vs_raw,
         "e2e_vs_raw": e2e_vs_raw,
+        # over one worker's slices just before and just after each (``bench.interleave``)
+        "paired": {case.name: statistics.median(case.paired) for case in cases if case.paired},
         "raw_around": {case.name: raw_around(case) for case in cases},
         "flushes": {case.name: flushes_per_message(case) for case in every},
         "samples": {case.name: list(case.relative) for case in cases},
@@ -112,6 +114,14 @@ def _ratio(results: dict[str, Any] | None, top: str, bottom: str) -> tuple[float
     """One case over another, consumer side, each against its raw commits."""
     vs_raw = (results or {}).get("vs_raw", {})
     return (vs_raw[top] / vs_raw[bottom], "") if top in vs_raw and bottom in vs_raw else (None, "")
+
+
+def _paired(results: dict[str, Any] | None, name: str) -> tuple[float | None, str]:
+    """A case over one worker on the same work, each of its slices over the one
+    worker's just before and just after it: the median (``bench.interleave``)."""
+    paired = (results or {}).get("paired", {})
+    return (paired[name], "median over the rounds, each slice over one worker's slices "
+                          "just before and just after it") if name in paired else (None, "")
 
 
 def _startup(results: dict[str, Any]) -> tuple[float | None, str]:
@@ -206,7 +216,7 @@ def _longest_prune_ms(results: dict[str, Any]) -> tuple[float | None, str]:
 def _prune_beside(results: dict[str, Any]) -> tuple[float | None, str]:
     """The worker's rate with the pruning process beside it over without; whether the
     prune kept up while the worker ran (the figure's premise) is said beside it."""
-    value, _ = _ratio(results, "single_pruned", "single")
+    value, _ = _paired(results, "single_pruned")
     beside = (results.get("lifetime") or {}).get("beside")
     if value is None or not beside:
         return value, ""
@@ -296,9 +306,9 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
     # on (``sqlite.connection.begin_immediate``), so more workers neither add nor
     # lose much. 4 processes on 2 cores is the case to watch.
     ("SQLite 2 worker processes vs 1", "consumer side, single message, one writer at a time",
-     lambda r: _ratio(r, "two_workers", "single"), 0.95, True),
+     lambda r: _paired(r, "two_workers"), 0.95, True),
     ("SQLite 4 worker processes vs 1", "consumer side, single message, one writer at a time",
-     lambda r: _ratio(r, "four_workers", "single"), 0.95, True),
+     lambda r: _paired(r, "four_workers"), 0.95, True),
     ("SQLite 100,000 queued vs 1,000", "consumer side, single message",
      lambda r: _ratio(r, "size_100000", "size_1000"), 0.9, True),
     ("file + -wal after a steady load, pruned vs not",
@@ -310,7 +320,7 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
      "and compacted over the messages pruned", _kept_per_event, 200.0, False),
     ("single consume, prune beside vs without",
      "consumer side, ours FULL* with a process running prune(0) every 20 ms beside the worker "
-     "vs the same case without it, same rounds", _prune_beside, 0.9, True),
+     "vs the same case without it just before and just after", _prune_beside, 0.9, True),
     ("longest prune transaction, ms",
      f"one batch of at most {PRUNE_BATCH} done messages of 2 KB, BEGIN IMMEDIATE to its commit "
      "(written, not fsynced, as the package commits it), no other writer (the write lock's hold)",

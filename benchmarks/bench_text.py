@@ -186,9 +186,13 @@ def notes(results: dict[str, Any]) -> list[str]:
 def scaling(results: dict[str, Any]) -> list[str]:
     """Rate against worker processes, per store, as multiples of one worker."""
     vs_raw, lines = results["vs_raw"], []
-    rows = [("SQLite, single message", ["single", "two_workers", "four_workers"]),
-            *((f"PostgreSQL, {label}", [f"pg_{name}_{n}" for n in WORKER_COUNTS])
-              for label, name in (("single message", "single"), ("K=100", "batch_100")))]
+    paired = results.get("paired", {})
+    if all(name in paired for name in ("two_workers", "four_workers")):
+        lines.append(f"worker processes 1, 2, 4, SQLite, single message: 1.00x, "
+                     f"{paired['two_workers']:.2f}x, {paired['four_workers']:.2f}x of one worker "
+                     "(each slice over one worker's slices just before and just after it, median)")
+    rows = [(f"PostgreSQL, {label}", [f"pg_{name}_{n}" for n in WORKER_COUNTS])
+            for label, name in (("single message", "single"), ("K=100", "batch_100"))]
     for label, names in rows:
         if all(name in vs_raw for name in names):
             lines.append(f"worker processes 1, 2, 4, {label}: " + ", ".join(
@@ -292,10 +296,11 @@ def lifetime_lines(results: dict[str, Any]) -> list[str]:
                      f"{replay['other']}; states, effects and money exact on all three files "
                      "(the shared audit), and on the pruned one again after the replays")
     beside = found.get("beside")
-    vs_raw = results.get("vs_raw", {})
-    if beside and "single_pruned" in vs_raw and "single" in vs_raw:
-        lines.append(f"prune beside the worker: {vs_raw['single_pruned'] / vs_raw['single']:.2f}x "
-                     f"the worker's rate without it (consumer side, same rounds); the pruning "
+    paired = results.get("paired", {})
+    if beside and "single_pruned" in paired:
+        lines.append(f"prune beside the worker: {paired['single_pruned']:.2f}x "
+                     f"the worker's rate without it (consumer side, each slice over the worker's "
+                     f"alone just before and just after it, median); the pruning "
                      f"process pruned {beside['during']:,} of the {beside['consumed']:,} "
                      f"messages consumed while the worker ran ({beside['pruned']:,} in all, "
                      "once it stopped too); when the worker finished a slice, done messages not "

@@ -91,6 +91,7 @@ def test_migrate_is_timed_beside_a_worker_of_the_previous_engine(quick: dict) ->
 def with_lifetime(**steady: object) -> dict:
     files = {name: {"file": 1000, "wal": 0} for name in ("unpruned", "pruned", "limited")}
     return {"vs_raw": {"single": 0.5, "single_pruned": 0.4}, "peers": [],
+            "paired": {"single_pruned": 0.8},  # its slices over the worker's alone around them
             "lifetime": {"steady": {"files": files, **steady}}}
 
 
