@@ -90,7 +90,7 @@ class Plan:
 
 
 FULL = Plan(pg_events=1_000_000, pg_workers=(1, 2, 4, 8), sqlite_events=200_000,
-            sqlite_workers=(1, 2, 4), control=30_000, retention_s=3, raw_s=2.0, sample_s=5.0)
+            sqlite_workers=(1, 2, 4), control=12_000, retention_s=3, raw_s=2.0, sample_s=10.0)
 SMALL = replace(FULL, pg_events=100_000, sqlite_events=20_000, control=3_000, retention_s=3,
                 raw_s=2.0, sample_s=2.0)
 TINY = replace(FULL, pg_events=300, pg_workers=(1, 2), sqlite_events=300, sqlite_workers=(1, 2),
