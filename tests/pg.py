@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-from typing import Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from queue_core.lab.servers.postgres_server import (NoPostgres, drop_schema,
@@ -25,8 +25,8 @@ from queue_core.lab.servers.postgres_server import (NoPostgres, drop_schema,
                                                     pg_ctl, private_postgres, schema_of)
 
 # own_server and schema_of are used through this module by the tests (pg.own_server)
-__all__ = ["REQUIRED_VARIABLE", "fresh_schema", "own_server", "restart", "schema_of", "server_dsn",
-           "with_lock_timeout"]
+__all__ = ["REQUIRED_VARIABLE", "fresh_schema", "layout", "own_server", "restart", "schema_of",
+           "server_dsn", "with_lock_timeout"]
 from servers import server_or_skip
 
 REQUIRED_VARIABLE = "QUEUE_CORE_PG_REQUIRED"
@@ -69,3 +69,29 @@ def restart(server_dsn: str) -> None:
                     "-w", "-m", "fast", "restart"], check=True, timeout=60,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    user=None if owner == pwd.getpwuid(os.getuid()).pw_name else owner)
+
+
+def layout(dsn: str) -> dict[str, Any]:
+    """The queue's schema as text: its columns, constraints, indexes, functions and each
+    table's storage parameters (how its rows are vacuumed), its schema's name left out,
+    so that two schemas compare (a migrated queue against a new one, say)."""
+    import psycopg
+
+    def rows(statement: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return conn.execute(statement).fetchall()
+    schema = schema_of(dsn)
+    return {
+        "columns": set(rows("SELECT table_name, column_name, data_type, is_nullable, "
+                            "column_default FROM information_schema.columns "
+                            "WHERE table_schema = current_schema()")),
+        "constraints": set(rows("SELECT conrelid::regclass::text, conname, "
+                                "pg_get_constraintdef(oid) FROM pg_constraint WHERE "
+                                "connamespace = current_schema()::regnamespace")),
+        "indexes": {(name, text.replace(f" ON {schema}.", " ON ")) for name, text in rows(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()")},
+        "functions": {(name, text.replace(f" {schema}.", " ")) for name, text in rows(
+            "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
+            "WHERE pronamespace = current_schema()::regnamespace")},
+        "storage": set(rows("SELECT relname, reloptions::text FROM pg_class WHERE "
+                            "relnamespace = current_schema()::regnamespace AND relkind = 'r'"))}

@@ -143,25 +143,12 @@ def layout(target: str) -> Any:
     """The queue's schema as text: SQLite's ``sqlite_master`` (each run of white space
     as one space: SQLite writes a column that ``ADD COLUMN`` appends on the line of
     the one before it), or PostgreSQL's columns, constraints, indexes and functions,
-    its schema's name left out."""
+    its schema's name left out, and each table's storage parameters (``pg.layout``)."""
     if not target.startswith("postgresql://"):
         return sorted((kind, name, None if text is None else re.sub(r"\s+", " ", text))
                       for kind, name, text in sql(target, "SELECT type, name, sql FROM "
                                                           "sqlite_master"))
-    schema = pg.schema_of(target)
-    return {
-        "columns": set(sql(target, "SELECT table_name, column_name, data_type, is_nullable, "
-                                   "column_default FROM information_schema.columns "
-                                   "WHERE table_schema = current_schema()")),
-        "constraints": set(sql(target, "SELECT conrelid::regclass::text, conname, "
-                                       "pg_get_constraintdef(oid) FROM pg_constraint WHERE "
-                                       "connamespace = current_schema()::regnamespace")),
-        "indexes": {(name, text.replace(f" ON {schema}.", " ON ")) for name, text in sql(
-            target, "SELECT indexname, indexdef FROM pg_indexes "
-                    "WHERE schemaname = current_schema()")},
-        "functions": {(name, text.replace(f" {schema}.", " ")) for name, text in sql(
-            target, "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
-                    "WHERE pronamespace = current_schema()::regnamespace")}}
+    return pg.layout(target)
 
 
 @pytest.fixture

@@ -128,35 +128,13 @@ def stored_rows(dsn: str, kept: dict[str, list[str]]) -> dict[str, list[tuple[An
                             f"FROM {table} ORDER BY 2, 1") for table in TABLES}
 
 
-def layout(dsn: str) -> dict[str, Any]:
-    """The queue's schema as text: its columns, constraints, indexes, functions and each
-    table's storage parameters (how its rows are vacuumed), its schema's name left out."""
-    schema = pg.schema_of(dsn)
-    return {
-        "columns": set(sql(dsn, "SELECT table_name, column_name, data_type, is_nullable, "
-                                "column_default FROM information_schema.columns "
-                                "WHERE table_schema = current_schema()")),
-        "constraints": set(sql(dsn, "SELECT conrelid::regclass::text, conname, "
-                                    "pg_get_constraintdef(oid) FROM pg_constraint WHERE "
-                                    "connamespace = current_schema()::regnamespace")),
-        "indexes": {(name, text.replace(f" ON {schema}.", " ON ")) for name, text in sql(
-            dsn, "SELECT indexname, indexdef FROM pg_indexes "
-                 "WHERE schemaname = current_schema()")},
-        "functions": {(name, text.replace(f" {schema}.", " ")) for name, text in sql(
-            dsn, "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
-                 "WHERE pronamespace = current_schema()::regnamespace")},
-        "storage": set(sql(dsn, "SELECT relname, reloptions::text FROM pg_class WHERE "
-                                "relnamespace = current_schema()::regnamespace "
-                                "AND relkind = 'r'"))}
-
-
 @pytest.fixture
 def new_layout(pg_server: str) -> Iterator[Any]:
     """What a new PostgreSQL queue of this engine looks like, for the rule ``ids``."""
     def of(ids: str) -> Any:
         for fresh in pg.fresh_schema(pg_server):
             Queue(fresh, ids=ids).status()
-            found = layout(fresh)
+            found = pg.layout(fresh)
         return found
     yield of
 
@@ -164,7 +142,7 @@ def new_layout(pg_server: str) -> Iterator[Any]:
 def everything(dsn: str) -> Any:
     """The queue as it lies: its layout, its version, every row of every column."""
     kept = {table: columns(dsn, table) for table in TABLES}
-    return layout(dsn), audit.snapshot(dsn).version, stored_rows(dsn, kept)
+    return pg.layout(dsn), audit.snapshot(dsn).version, stored_rows(dsn, kept)
 
 
 def step_function(dsn: str) -> tuple[int, str, str, str]:
@@ -218,13 +196,13 @@ def test_that_engines_queue_is_refused_for_writes_then_migrated_keeping_every_ro
     assert (after.journal, after.effect_rows, after.digests, after.status) == (
         before.journal, before.effect_rows, before.digests, before.status)
     assert stored_rows(db, kept) == was[2]  # no row rewritten, nor moved
-    assert layout(db) == new_layout(ids)
+    assert pg.layout(db) == new_layout(ids)
     # the function replaced, and the journal's index by event added; nothing else
-    assert {k: v for k, v in layout(db).items() if k not in ("functions", "indexes")} == {
+    assert {k: v for k, v in pg.layout(db).items() if k not in ("functions", "indexes")} == {
         k: v for k, v in was[0].items() if k not in ("functions", "indexes")}
-    assert layout(db)["indexes"] - was[0]["indexes"] == {
+    assert pg.layout(db)["indexes"] - was[0]["indexes"] == {
         ("transitions_event", "CREATE INDEX transitions_event ON transitions USING btree "
-                              "(event_id)")} and was[0]["indexes"] < layout(db)["indexes"]
+                              "(event_id)")} and was[0]["indexes"] < pg.layout(db)["indexes"]
     assert Queue(db).id_rule == ids and Queue(db).status().ids == ids
     settled = everything(db)
     again = cli(db, "migrate")
@@ -266,7 +244,7 @@ def test_the_migrated_step_claims_its_next_message_with_a_constant_limit_as_a_ne
     # the same function, called as before and answering the same rows: a running worker's
     # prepared call goes on naming it
     assert same == [oid, arguments, result]
-    assert layout(db)["functions"] == new_layout(ids)["functions"]
+    assert pg.layout(db)["functions"] == new_layout(ids)["functions"]
 
 
 def test_that_engine_refuses_the_migrated_queue_and_changes_nothing(
@@ -304,7 +282,7 @@ def test_the_step_killed_at_each_point_leaves_version_6_intact_or_version_7_comp
     assert (snap.journal, snap.effect_rows, snap.digests, snap.status) == (
         before.journal, before.effect_rows, before.digests, before.status)
     if point == "migrate.after_commit":  # the new version, complete
-        assert snap.version == NEW and layout(db) == new_layout("course")
+        assert snap.version == NEW and pg.layout(db) == new_layout("course")
         assert stored_rows(db, kept) == was[2]
         assert limits(step_function(db)[3]) == ["LIMIT 1"]
     else:  # the old version, as it was: layout (its function), version and every row
@@ -313,7 +291,7 @@ def test_the_step_killed_at_each_point_leaves_version_6_intact_or_version_7_comp
     assert migrate(db).to_version == NEW and audit.findings(db) == []
     settled = everything(db)
     assert migrate(db).steps == () and everything(db) == settled
-    assert layout(db) == new_layout("course") and stored_rows(db, kept) == was[2]
+    assert pg.layout(db) == new_layout("course") and stored_rows(db, kept) == was[2]
     # and it works on: E0006 (priority 7) first, then E0005 (due at 1010), then E0004,
     # due again when its lease ended (1037)
     outcomes = drain(Queue(db, clock=ModelClock(2000)), Handler())
