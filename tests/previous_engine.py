@@ -77,3 +77,28 @@ def run(engine: Path, script: str, *args: str, timeout: float = 60,
 def cli(engine: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``python -m queue_core ARGS`` of ``engine``, in a child process."""
     return earlier_cli(engine, *args)
+
+
+# A story told in course ids, told again under ids that real sources send (a general
+# queue), mapped in the same order so that a sorted read of either lists the same events.
+GENERAL_IDS = {"E0001": "9f1c2a3e-4b5d-4e6f-8a7b-0c1d2e3f4a5b", "E0002": "evt_1NG8Du2eZvKYlo2C",
+               "E0003": "order-2026-000003", "E0004": "shop:order:2026-000004",
+               "E0005": "x.5", "E0006": "x.6"}
+assert sorted(GENERAL_IDS.values()) == list(GENERAL_IDS.values())
+
+
+def story_of(story: str, ids: str) -> str:
+    """``story``, a script whose queue is created with ``lease_seconds=30)`` and whose
+    events have course ids, for a queue of the rule ``ids``."""
+    if ids == "course":
+        return story
+    text = story.replace("lease_seconds=30)", "lease_seconds=30, ids='general')", 1)
+    for course, general in GENERAL_IDS.items():
+        text = text.replace(f'"{course}"', f'"{general}"')
+    assert "ids='general'" in text and not any(course in text for course in GENERAL_IDS)
+    return text
+
+
+def named(ids: str, event_id: str) -> str:
+    """The id of the course's ``event_id`` in a queue of the rule ``ids``."""
+    return event_id if ids == "course" else GENERAL_IDS[event_id]

@@ -45,27 +45,15 @@ MIGRATION_POINTS = ("migrate.after_begin", "migrate.after_copy", "migrate.before
 STORY = V1_STORY.split("import sqlite3")[0]  # every state, 15000 of money
 STATES_BEFORE = {"E0001": "done", "E0002": "dead", "E0003": "done", "E0004": "leased",
                  "E0005": "ready"}
-# The same story in a general queue, under ids real sources send, in the same order.
-GENERAL_IDS = {"E0001": "9f1c2a3e-4b5d-4e6f-8a7b-0c1d2e3f4a5b", "E0002": "evt_1NG8Du2eZvKYlo2C",
-               "E0003": "order-2026-000003", "E0004": "shop:order:2026-000004",
-               "E0005": "x.5"}
-assert sorted(GENERAL_IDS.values()) == list(GENERAL_IDS.values())
 TABLES = ("messages", "effects", "transitions")
 
 
 def story(ids: str) -> str:
     """``STORY`` for a queue of the rule ``ids``."""
-    if ids == "course":
-        return STORY
-    text = STORY.replace("lease_seconds=30)", "lease_seconds=30, ids='general')", 1)
-    for course, general in GENERAL_IDS.items():
-        text = text.replace(f'"{course}"', f'"{general}"')
-    assert "ids='general'" in text and "E0001" not in text
-    return text
+    return previous_engine.story_of(STORY, ids)
 
 
-def named(ids: str, event_id: str) -> str:
-    return event_id if ids == "course" else GENERAL_IDS[event_id]
+named = previous_engine.named
 
 
 @pytest.fixture(scope="module")

@@ -50,27 +50,15 @@ STORY = V1_STORY.split("import sqlite3")[0] + (
 STATES_BEFORE = {"E0001": "done", "E0002": "dead", "E0003": "done", "E0004": "leased",
                  "E0005": "ready", "E0006": "ready"}
 PRIORITIES_BEFORE = {"E0001": 0, "E0002": 0, "E0003": 0, "E0004": 0, "E0005": 0, "E0006": 7}
-# The same story in a general queue, under ids real sources send, in the same order.
-GENERAL_IDS = {"E0001": "9f1c2a3e-4b5d-4e6f-8a7b-0c1d2e3f4a5b", "E0002": "evt_1NG8Du2eZvKYlo2C",
-               "E0003": "order-2026-000003", "E0004": "shop:order:2026-000004",
-               "E0005": "x.5", "E0006": "x.6"}
-assert sorted(GENERAL_IDS.values()) == list(GENERAL_IDS.values())
 TABLES = ("messages", "effects", "transitions")
 
 
 def story(ids: str) -> str:
     """``STORY`` for a queue of the rule ``ids``."""
-    if ids == "course":
-        return STORY
-    text = STORY.replace("lease_seconds=30)", "lease_seconds=30, ids='general')", 1)
-    for course, general in GENERAL_IDS.items():
-        text = text.replace(f'"{course}"', f'"{general}"')
-    assert "ids='general'" in text and "E0001" not in text and "E0006" not in text
-    return text
+    return previous_engine.story_of(STORY, ids)
 
 
-def named(ids: str, event_id: str) -> str:
-    return event_id if ids == "course" else GENERAL_IDS[event_id]
+named = previous_engine.named
 
 
 def by_name(ids: str, facts: dict[str, Any]) -> dict[str, Any]:
