@@ -92,3 +92,21 @@ def test_a_pruner_that_dies_is_reported_and_the_queue_is_still_audited_whole(
     audit = run.audit()
     assert (audit["states"]["done"], audit["effects"], audit["money"]) == (
         30, 30, scale.money_of(0, 30))
+
+
+def test_naptime_for_a_server_that_is_not_this_runs_own_is_refused_before_anything_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # No server listens there: a run that went on would fail to connect, not refuse.
+    monkeypatch.setenv("QUEUE_CORE_PG_DSN", f"postgresql://nobody@/none?host={tmp_path}")
+    png = tmp_path / "scale.png"
+
+    with pytest.raises(SystemExit) as ended:
+        scale.main(["--scale", "tiny", "--naptime", "1", "--png", str(png)])
+
+    said = capsys.readouterr()
+    assert ended.value.code == 2 and said.out == ""
+    assert said.err.splitlines()[-1].split(": ", 1)[1] == (
+        "error: --naptime sets this run's private PostgreSQL server only: a server "
+        "that QUEUE_CORE_PG_DSN names keeps its own settings (unset it, or drop --naptime)")
+    assert list(tmp_path.iterdir()) == []  # no picture, no figures written
