@@ -27,8 +27,8 @@ from .values import (Compacted, Effect, Message, Metrics, PriorityFigures, State
 
 __all__ = ["CONTRAST_LEDGER", "EffectRow", "Snapshot", "has_priority", "read_compacted",
            "read_digests", "read_effects", "read_effects_among", "read_journal",
-           "read_journal_after", "read_messages", "read_messages_among", "read_metrics", "read_status", "read_version",
-           "rows_among", "snapshot"]
+           "read_journal_after", "read_journal_among", "read_messages", "read_messages_among",
+           "read_metrics", "read_status", "read_version", "rows_among", "snapshot"]
 
 # A table of effects that the course's broken contrasts write instead of
 # ``effects``; it has no unique key, so the audit can see a double there.

@@ -20,8 +20,9 @@ from ..transitions import EXPIRED, LIVE
 # the meta row (5, as SQLite's 3), and a message's priority with the live index in
 # the claim's order (6, as SQLite's 4), and the step claiming its next message
 # with a constant LIMIT, so the server plans it once per session, and the journal
-# indexed by event for prune (7: ``step.NEXT_ONLY``, ``JOURNAL_INDEX``). Each store counts its own versions: a SQLite file has no
-# use for a server-side function, and is not rewritten for one.
+# indexed by event for prune (7: ``step.NEXT_ONLY``, ``JOURNAL_INDEX``). Each store
+# counts its own versions: a SQLite file has no use for a server-side function,
+# and is not rewritten for one.
 # ``migrations`` upgrades a schema of every earlier version to it.
 SCHEMA_VERSION = 7
 
