@@ -85,9 +85,8 @@ class Plan:
     # server that serves a busy queue (0: PostgreSQL's default, a minute). The schema's
     # storage parameters say when ``messages`` needs a vacuum; the naptime is how often
     # autovacuum looks. A server that ``QUEUE_CORE_PG_DSN`` names keeps its own
-    # (``naptime_set`` says whether this run set it; the report gives the one it had).
+    # (``naptime_of``: the report gives the one it had).
     naptime: int = 1
-    naptime_set: bool = False
 
 
 FULL = Plan(pg_events=1_000_000, pg_workers=(1, 2, 4, 8), sqlite_events=200_000,
@@ -408,7 +407,6 @@ def main(argv: list[str] | None = None) -> int:
                      "--naptime)")
     plan = replace(SMALL if args.ci else PLANS[args.scale], vacuum_every=args.vacuum_every,
                    naptime=FULL.naptime if args.naptime is None else args.naptime,
-                   naptime_set=args.naptime is not None,
                    postgres=args.only != "sqlite", sqlite=args.only != "postgres")
 
     def say(text: str) -> None:

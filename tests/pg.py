@@ -77,21 +77,23 @@ def layout(dsn: str) -> dict[str, Any]:
     so that two schemas compare (a migrated queue against a new one, say)."""
     import psycopg
 
-    def rows(statement: str) -> list[tuple[Any, ...]]:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            return conn.execute(statement).fetchall()
     schema = schema_of(dsn)
-    return {
-        "columns": set(rows("SELECT table_name, column_name, data_type, is_nullable, "
-                            "column_default FROM information_schema.columns "
-                            "WHERE table_schema = current_schema()")),
-        "constraints": set(rows("SELECT conrelid::regclass::text, conname, "
-                                "pg_get_constraintdef(oid) FROM pg_constraint WHERE "
-                                "connamespace = current_schema()::regnamespace")),
-        "indexes": {(name, text.replace(f" ON {schema}.", " ON ")) for name, text in rows(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()")},
-        "functions": {(name, text.replace(f" {schema}.", " ")) for name, text in rows(
-            "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
-            "WHERE pronamespace = current_schema()::regnamespace")},
-        "storage": set(rows("SELECT relname, reloptions::text FROM pg_class WHERE "
-                            "relnamespace = current_schema()::regnamespace AND relkind = 'r'"))}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        def rows(statement: str) -> list[tuple[Any, ...]]:
+            return conn.execute(statement).fetchall()
+        return {
+            "columns": set(rows("SELECT table_name, column_name, data_type, is_nullable, "
+                                "column_default FROM information_schema.columns "
+                                "WHERE table_schema = current_schema()")),
+            "constraints": set(rows("SELECT conrelid::regclass::text, conname, "
+                                    "pg_get_constraintdef(oid) FROM pg_constraint WHERE "
+                                    "connamespace = current_schema()::regnamespace")),
+            "indexes": {(name, text.replace(f" ON {schema}.", " ON ")) for name, text in rows(
+                "SELECT indexname, indexdef FROM pg_indexes "
+                "WHERE schemaname = current_schema()")},
+            "functions": {(name, text.replace(f" {schema}.", " ")) for name, text in rows(
+                "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
+                "WHERE pronamespace = current_schema()::regnamespace")},
+            "storage": set(rows("SELECT relname, reloptions::text FROM pg_class WHERE "
+                                "relnamespace = current_schema()::regnamespace "
+                                "AND relkind = 'r'"))}
