@@ -27,8 +27,9 @@ from .values import (Compacted, Effect, Message, Metrics, PriorityFigures, State
 
 __all__ = ["CONTRAST_LEDGER", "EffectRow", "Snapshot", "has_priority", "read_compacted",
            "read_digests", "read_effects", "read_effects_among", "read_journal",
-           "read_journal_after", "read_journal_among", "read_messages", "read_messages_among",
-           "read_metrics", "read_status", "read_version", "rows_among", "snapshot"]
+           "read_journal_after", "read_journal_among", "read_message_rows_among",
+           "read_messages", "read_messages_among", "read_metrics", "read_status",
+           "read_version", "rows_among", "snapshot"]
 
 # A table of effects that the course's broken contrasts write instead of
 # ``effects``; it has no unique key, so the audit can see a double there.
@@ -151,9 +152,16 @@ def read_messages(conn: sqlite3.Connection, event_id: str | None = None) -> list
 
 def read_messages_among(conn: Any, event_ids: list[str]) -> list[Message]:
     """The stored messages among ``event_ids`` (in no particular order)."""
-    return [Message.from_row(row) for row in rows_among(
+    return [Message.from_row(row) for row in read_message_rows_among(conn, event_ids)]
+
+
+def read_message_rows_among(conn: Any, event_ids: list[str]) -> list[tuple[Any, ...]]:
+    """The rows ``read_messages_among`` builds its messages from, as stored (a
+    prune compares them under its lock with those it judged: equal rows are
+    equal messages, and a tuple compares without building one)."""
+    return rows_among(
         conn, f"SELECT {_message_columns(conn)} FROM messages WHERE event_id IN ({{}})",
-        event_ids)]
+        event_ids)
 
 
 def read_effects_among(conn: Any, event_ids: list[str]) -> dict[str, EffectRow]:

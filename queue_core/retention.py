@@ -55,6 +55,7 @@ from typing import Any, Callable, ContextManager, Protocol, TypeVar
 
 from . import audit
 from .crashpoints import crash_point
+from .ledger import read_message_rows_among
 from .priority import CLAIM_ORDER
 from .sqlite import (BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, SQLITE_BUSY, data_version,
                      polling)
@@ -208,7 +209,7 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
                     crash_point("prune.after_begin")
                     queue.store.serialize_enqueue(conn)  # PostgreSQL: one prune or enqueue at a time
                     done, dropped, held = _one_batch(
-                        conn, queue.store.picked, ids[start:start + batch_size], judged)
+                        conn, queue.store, ids[start:start + batch_size], judged)
                     crash_point("prune.before_commit")
                 crash_point("prune.after_commit")
                 longest = max(longest, time.perf_counter() - started)
@@ -239,10 +240,11 @@ def _read_ahead(conn: Any, cutoff: int, limit: int, skip: list[str]
 
 @dataclass(frozen=True)
 class _Judged:
-    """A done message the audit accepts, as read before the write lock: its row, its
-    effect, the compacted record that replaces its journal, and its journal rows."""
+    """A done message the audit accepts, as read before the write lock: its row as
+    stored (``ledger.read_message_rows_among``), its effect, the compacted record
+    that replaces its journal, and its journal rows."""
 
-    message: Message
+    row: tuple[Any, ...]
     effect: EffectRow
     record: tuple[Any, ...]
     seqs: list[int]
@@ -255,28 +257,36 @@ def _judge(conn: Any, ids: list[str], steps: dict[str, list[Transition]]
     not (kept whole). A done message never changes but by a prune, nor does its
     effect or its journal, so the judgement holds under the lock if its row and
     its effect read there are the ones judged (``_one_batch``)."""
-    messages = {m.event_id: m for m in audit.read_messages_among(conn, ids)
-                if m.state == State.DONE and m.payload is not None}
+    rows = {row[0]: row for row in read_message_rows_among(conn, ids)}
     effects = audit.read_effects_among(conn, ids)
     judged: dict[str, _Judged] = {}
     refused: list[str] = []
     for event_id in ids:
-        message, history = messages.get(event_id), steps.get(event_id, [])
-        if message is None:
+        row, history = rows.get(event_id), steps.get(event_id, [])
+        message = None if row is None else Message.from_row(row)
+        if message is None or message.state != State.DONE or message.payload is None:
             continue  # another prune took it meanwhile
         effect = effects.get(event_id)
         if effect is None or any(audit.history_findings(message, history)) or any(
                 audit.effect_findings(effect, message)):
             refused.append(event_id)
             continue
-        judged[event_id] = _Judged(message, effect, (
+        judged[event_id] = _Judged(row, effect, (
             event_id, history[0].at, message.generation,
             sum(step.from_state == State.DEAD for step in history), len(history),
             effect.category, effect.amount_cents), [step.seq for step in history])
     return judged, refused
 
 
-def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
+# The batch's UPDATE names its rows by key. Its guard is a CASE, which no index
+# answers: written as ``state = 'done' AND payload IS NOT NULL``, it made SQLite
+# read the whole ``done`` range of ``messages_live`` (every done message not yet
+# pruned, thousands behind a long retention) instead of the batch's keys.
+_DROP_PAYLOADS = ("UPDATE messages SET payload = NULL WHERE event_id IN ({}) "
+                  "AND CASE WHEN state = 'done' THEN payload IS NOT NULL ELSE FALSE END")
+
+
+def _one_batch(conn: Any, store: Store, ids: list[str],
                judged: dict[str, _Judged]) -> tuple[int, int, list[str]]:
     """Prune the messages ``ids``, judged before the lock (``_judge``), inside the
     caller's write transaction: (pruned, journal rows, skipped). Under the lock
@@ -285,21 +295,22 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
     prune, which judges it again), and a message whose row another transaction
     holds is skipped, as a claim skips it (``Store.picked``: on PostgreSQL a
     ``SELECT ... FOR UPDATE`` elsewhere would otherwise stop the whole prune at
-    its lock timeout). Only these reads and the writes hold the lock: judging a
+    its lock timeout; SQLite's write lock is the only lock there is, so there is
+    nothing to ask). Only these reads and the writes hold the lock: judging a
     message (its journal, its payload against its effect) took as long again."""
     last = conn.execute("SELECT event_id FROM transitions "
                         "ORDER BY seq DESC LIMIT 1").fetchone()
-    messages = {m.event_id: m for m in audit.read_messages_among(conn, ids)}
+    rows = {row[0]: row for row in read_message_rows_among(conn, ids)}
     effects = audit.read_effects_among(conn, ids)
     # not pruned meanwhile, and not the owner of the journal's last row
-    left = [event_id for event_id in ids if event_id in messages
-            and messages[event_id].payload is not None
+    left = [event_id for event_id in ids if event_id in rows
+            and rows[event_id][1] is not None  # its payload
             and (last is None or event_id != last[0])]
-    same = [event_id for event_id in left if messages[event_id] == judged[event_id].message
+    same = [event_id for event_id in left if rows[event_id] == judged[event_id].row
             and effects.get(event_id) == judged[event_id].effect]
-    locked = {row[0] for row in audit.rows_among(
+    locked = set(same) if not store.row_locks or not same else {row[0] for row in audit.rows_among(
         conn, "SELECT event_id FROM messages WHERE event_id "
-        + picked("SELECT event_id FROM messages WHERE event_id IN ({})"), same)} if same else set()
+        + store.picked("SELECT event_id FROM messages WHERE event_id IN ({})"), same)}
     compacted = [event_id for event_id in same if event_id in locked]
     held = [event_id for event_id in left if event_id not in locked]
     if not compacted:
@@ -312,8 +323,7 @@ def _one_batch(conn: Any, picked: Callable[[str], str], ids: list[str],
     # constraints of ``messages`` once for every statement it runs.
     for start in range(0, len(compacted), _CHUNK):
         chunk = compacted[start:start + _CHUNK]
-        conn.execute("UPDATE messages SET payload = NULL WHERE state = 'done' AND payload "
-                     f"IS NOT NULL AND event_id IN ({', '.join('?' * len(chunk))})", chunk)
+        conn.execute(_DROP_PAYLOADS.format(", ".join("?" * len(chunk))), chunk)
     crash_point("prune.after_compact")
     for start in range(0, len(seqs), _CHUNK):
         chunk = seqs[start:start + _CHUNK]

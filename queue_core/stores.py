@@ -30,6 +30,7 @@ class Store(Protocol):
     schema_version: int                              # the version this engine writes here
     fused_step: bool                                 # whether ``step`` exists (PostgreSQL)
     journal_by_event: bool                           # whether the journal has an event_id index
+    row_locks: bool                                  # whether ``picked`` can leave a row out
     expired: str                                     # its read of expired leases (``EXPIRED``)
     integrity_errors: tuple[type[BaseException], ...]
     errors: tuple[type[BaseException], ...]

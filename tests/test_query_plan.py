@@ -24,7 +24,7 @@ import pytest
 from observe import expect, ledger
 from queue_core import Handler, ModelClock, Queue
 from queue_core.priority import DEFAULT_PRIORITY, PRIORITIES
-from queue_core.retention import _CANDIDATES
+from queue_core.retention import _CANDIDATES, _DROP_PAYLOADS
 from queue_core.sqlite import PAGE_SIZE, SqliteStore
 from queue_core.transitions import (ACK, CLAIM, DUE, EXPIRED, EXTEND, FAIL, RECOVER, REDRIVE,
                                     RELEASE, picking)
@@ -178,6 +178,21 @@ def test_every_guarded_update_of_one_message_finds_its_row_by_primary_key(
 
     assert plan(reader, *HOLDERS_WRITES[name]) == [BY_KEY]
 
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "after-ANALYZE"])
+def test_prunes_update_of_a_batch_finds_its_rows_by_key_not_in_the_done_backlog(
+        db_path: Path, reader: sqlite3.Connection, analyzed: bool) -> None:
+    # 1,500 done messages not yet pruned: a long retention's backlog, which the
+    # batch's UPDATE, under the write lock, must not read through
+    fill(db_path, ModelClock(1000), done=1500, leased=100, ready=400)
+    if analyzed:
+        reader.execute("ANALYZE")
+    batch = tuple(f"E{n:04d}" for n in range(1, 51))
+
+    steps = plan(reader, _DROP_PAYLOADS.format(", ".join("?" * len(batch))), batch)
+
+    assert steps == [BY_KEY]
 
 def test_the_claims_work_does_not_grow_with_done_rows_nor_change_with_priorities(
         tmp_path: Path) -> None:

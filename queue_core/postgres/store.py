@@ -76,6 +76,7 @@ class PostgresStore:
     expired = EXPIRED_READ
     fused_step = True  # the worker's step is a function of the schema (``step``)
     journal_by_event = True  # ``transitions_event`` (schema 7): prune reads a message's rows
+    row_locks = True  # ``picked`` skips a row another transaction holds
     integrity_errors: tuple[type[BaseException], ...] = (psycopg.errors.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     def __init__(self, dsn: str) -> None:

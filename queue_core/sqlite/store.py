@@ -30,6 +30,7 @@ class SqliteStore:
     # No index of the journal by event: it would be one more page in every step's
     # commit (4 now); prune walks the journal instead (``retention._journal_of``).
     journal_by_event = False
+    row_locks = False  # ``picked`` takes every row: the write lock is the only lock
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
     def __init__(self, path: str | os.PathLike[str]) -> None:
