@@ -98,6 +98,7 @@ _CANDIDATES = ("SELECT event_id FROM messages WHERE state = 'done' AND payload I
                f"AND {CLAIM_ORDER} <= ? AND available_at <= ? AND finished_at <= ? "
                f"ORDER BY {CLAIM_ORDER}, event_id LIMIT ?")
 _CHUNK = 500  # keys per IN (...) list
+_PAYLOAD = 1  # the payload's place in a row of ``ledger.read_message_rows_among``
 _WALK_SPAN = 20_000  # journal sequence numbers one read of the walk covers (SQLite)
 
 
@@ -304,13 +305,15 @@ def _one_batch(conn: Any, store: Store, ids: list[str],
     effects = audit.read_effects_among(conn, ids)
     # not pruned meanwhile, and not the owner of the journal's last row
     left = [event_id for event_id in ids if event_id in rows
-            and rows[event_id][1] is not None  # its payload
+            and rows[event_id][_PAYLOAD] is not None
             and (last is None or event_id != last[0])]
     same = [event_id for event_id in left if rows[event_id] == judged[event_id].row
             and effects.get(event_id) == judged[event_id].effect]
-    locked = set(same) if not store.row_locks or not same else {row[0] for row in audit.rows_among(
-        conn, "SELECT event_id FROM messages WHERE event_id "
-        + store.picked("SELECT event_id FROM messages WHERE event_id IN ({})"), same)}
+    locked = set(same)
+    if store.row_locks and same:
+        locked = {row[0] for row in audit.rows_among(
+            conn, "SELECT event_id FROM messages WHERE event_id "
+            + store.picked("SELECT event_id FROM messages WHERE event_id IN ({})"), same)}
     compacted = [event_id for event_id in same if event_id in locked]
     held = [event_id for event_id in left if event_id not in locked]
     if not compacted:
