@@ -22,8 +22,8 @@ messages (a dead message's payload is what redrive needs), nor a message
 whose journal the audit would not accept (it is kept whole, and counted).
 
 Pruning runs in short transactions of at most ``batch_size`` messages each,
-beside running workers: each batch holds the write lock for a few
-milliseconds. A prune killed at any moment leaves a consistent queue: each
+beside running workers: each batch holds the write lock for about a
+millisecond. A prune killed at any moment leaves a consistent queue: each
 batch commits whole or not at all, and the next prune goes on. A journal
 sequence number is never reused: the message that owns the journal's last
 row is left for a later prune (SQLite numbers a new row after the largest
@@ -118,7 +118,8 @@ class Pruned:
     kept: tuple[str, ...]
     batches: int
     bytes_freed: int
-    longest_batch_seconds: float  # the longest write-lock hold of one batch (wall clock)
+    longest_batch_seconds: float  # one batch, from asking for the write lock to its commit
+    # (wall clock: the hold and the wait for the lock together, an upper bound of the hold)
     waiting: str | None = None  # old enough, but it owns the journal's newest row
     skipped: tuple[str, ...] = ()  # old enough, but another transaction holds its row,
     # or its row or effect changed after it was judged (``_one_batch``)
@@ -266,7 +267,7 @@ def _judge(conn: Any, ids: list[str], steps: dict[str, list[Transition]]
         row, history = rows.get(event_id), steps.get(event_id, [])
         message = None if row is None else Message.from_row(row)
         if message is None or message.state != State.DONE or message.payload is None:
-            continue  # another prune took it meanwhile
+            continue  # gone, no longer done, or pruned meanwhile
         effect = effects.get(event_id)
         if effect is None or any(audit.history_findings(message, history)) or any(
                 audit.effect_findings(effect, message)):
