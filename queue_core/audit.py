@@ -59,16 +59,18 @@ from .handler import Handler
 from .ingest import payload_digest
 from .ledger import (CONTRAST_LEDGER, EffectRow, Snapshot, read_compacted, read_digests,
                      read_effects, read_effects_among, read_journal, read_journal_after,
-                     read_journal_among, read_messages, read_messages_among, read_metrics,
-                     read_status, read_version, rows_among, snapshot)
+                     read_journal_among, read_message_rows_among, read_messages,
+                     read_messages_among, read_metrics, read_status, read_version, rows_among,
+                     snapshot)
 from .values import Compacted, Effect, Message, State, Transition
 
 # The reads live in ``ledger``; every name they had here stays importable from here.
 __all__ = ["CONTRAST_LEDGER", "EDGES", "FINDINGS", "EffectRow", "Finding", "Snapshot", "check",
            "effect_findings", "findings", "history_findings", "read_compacted", "read_digests",
            "read_effects", "read_effects_among", "read_journal", "read_journal_after",
-           "read_journal_among", "read_messages", "read_messages_among", "read_metrics",
-           "read_status", "read_version", "rows_among", "snapshot"]
+           "read_journal_among", "read_message_rows_among", "read_messages",
+           "read_messages_among", "read_metrics", "read_status", "read_version", "rows_among",
+           "snapshot"]
 
 FINDINGS = {
     "integrity_check": "SQLite's integrity check is not ok",

@@ -179,7 +179,6 @@ def test_every_guarded_update_of_one_message_finds_its_row_by_primary_key(
     assert plan(reader, *HOLDERS_WRITES[name]) == [BY_KEY]
 
 
-
 @pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "after-ANALYZE"])
 def test_prunes_update_of_a_batch_finds_its_rows_by_key_not_in_the_done_backlog(
         db_path: Path, reader: sqlite3.Connection, analyzed: bool) -> None:
@@ -193,6 +192,7 @@ def test_prunes_update_of_a_batch_finds_its_rows_by_key_not_in_the_done_backlog(
     steps = plan(reader, _DROP_PAYLOADS.format(", ".join("?" * len(batch))), batch)
 
     assert steps == [BY_KEY]
+
 
 def test_the_claims_work_does_not_grow_with_done_rows_nor_change_with_priorities(
         tmp_path: Path) -> None:
