@@ -322,8 +322,10 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
      "consumer side, ours FULL* with a process running prune(0) every 20 ms beside the worker "
      "vs the same case without it just before and just after", _prune_beside, 0.9, True),
     ("longest prune transaction, ms",
-     f"one batch of at most {PRUNE_BATCH} done messages of 2 KB, BEGIN IMMEDIATE to its commit "
-     "(written, not fsynced, as the package commits it), no other writer (the write lock's hold)",
+     f"one batch of at most {PRUNE_BATCH} done messages of 2 KB, BEGIN IMMEDIATE to the end "
+     "of its commit call (written, not fsynced, as the package commits it), no other writer; "
+     "an upper bound of the write lock's hold: a commit call that runs SQLite's automatic "
+     "checkpoint runs it after releasing the lock",
      _longest_prune_ms,
      10.0, False),
     ("SQLite worker-loop step, priorities 0-9 vs all 0",
