@@ -110,7 +110,7 @@ from bench_cases import (ROOT, BareProtocol, Case, CheckFailed, EndToEnd,  # noq
 from bench_priority import MIXED, PLAIN, starvation, step_costs  # noqa: E402
 from bench_report import evaluate, summarise  # noqa: E402
 from bench_retention import (PrunedEndToEnd, ack_pages, migrations, pg_space,  # noqa: E402
-                             steady_load)
+                             prune_hold, steady_load)
 from bench_text import report  # noqa: E402
 from fencing import late_acks  # noqa: E402
 from peer_safety import describe, probe_all  # noqa: E402
@@ -389,6 +389,8 @@ def lifetime_figures(workdir: Path, plan: Plan, cases: list[Case], schemas: Sche
     if plan.retention[0]:
         (workdir / "steady").mkdir()
         found["steady"] = steady_load(workdir / "steady", *plan.retention, say=say)
+        (workdir / "hold").mkdir()
+        found["hold"] = prune_hold(workdir / "hold", plan.retention[0] // 2)
     beside = next((case for case in cases if isinstance(case, PrunedEndToEnd)), None)
     if beside is not None:
         found["beside"] = beside.summary()

@@ -12,6 +12,9 @@ back, what it costs the workers beside it, and what ``migrate`` costs.
   At the end each file is audited (states, effects and money exact), and on the
   pruned file a replay of a pruned event is answered as a duplicate (another
   payload: ``batch_conflict``), the money unchanged.
+- ``prune_hold``: the write lock's longest hold by a prune, as another writer
+  meets it: a process beside ``prune(0)`` of done messages of 2 KB takes and
+  releases the lock in a loop and times each spell it could not take it.
 - ``PrunedEndToEnd``: our single-message case with a process beside the
   workers that calls ``prune(0)`` every 20 ms (``bench_worker.Pruner``); it runs
   in ``bench.py``'s interleaved rounds next to the same case without it.
@@ -47,6 +50,7 @@ from bench_cases import (CATEGORIES, IDS_PER_FILE, ROOT, CheckFailed, EndToEnd,
 from bench_worker import PRUNE_EVERY_S, Worker
 
 from queue_core import BatchConflict, Handler, ModelClock, Queue, audit, drain, migrate
+from queue_core import retention
 from queue_core import sqlite
 from queue_core.sqlite import migrations as sqlite_migrations, store as sqlite_store
 
@@ -237,6 +241,97 @@ def slope(samples: list[dict[str, int]], rolled_after: int) -> float | None:
     xs, ys = [s["events"] for s in rolled], [s["kept"] for s in rolled]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+# The process that meets the write lock as another writer would (``prune_hold``): on
+# ``g`` it answers ``go``, then takes the lock (``BEGIN IMMEDIATE``, never waiting)
+# and releases it (``ROLLBACK``) again and again, timing each spell from its first
+# refused try to the next one that got the lock. ``m`` closes a phase: it takes the
+# lock once more (the phase's last hold has ended), answers ``ok`` and starts the
+# next; ``s`` stops and answers each phase's longest spell, in seconds.
+_LOCK_PROBE = """
+import os, select, sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+while os.read(0, 1) == b"g":
+    phases, longest, since, closing = [], 0.0, None, False
+    print("go", flush=True)
+    while True:
+        if not closing and select.select([0], [], [], 0)[0]:
+            if os.read(0, 1) != b"m":
+                break
+            closing = True
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            since = time.perf_counter() if since is None else since
+            continue
+        now = time.perf_counter()
+        conn.execute("ROLLBACK")
+        if since is not None:
+            longest, since = max(longest, now - since), None
+        if closing:
+            phases, longest, closing = phases + [longest], 0.0, False
+            print("ok", flush=True)
+    print(" ".join(str(spell) for spell in phases + [longest]), flush=True)
+"""
+
+
+def prune_hold(workdir: Path, messages: int) -> dict[str, Any]:
+    """How long a prune keeps another writer from the write lock.
+
+    ``messages`` events of ``PAYLOAD_BYTES`` are enqueued and processed, then
+    ``prune(0)`` prunes them with no writer beside it but ``_LOCK_PROBE``, which
+    only takes and releases the lock: its longest refused spell is the hold as a
+    worker beside the prune would meet it, first over the batches of
+    ``PRUNE_BATCH`` messages, then over the giving back of freed pages that
+    follows them (the probe is told when ``retention._give_back`` begins, and
+    answers once the batches' last hold has ended). SQLite's automatic
+    checkpoint, which a commit call runs after releasing the lock, is in neither;
+    the batches' own ``longest_batch_seconds`` (to the end of the commit call)
+    is given beside. The probe never commits, so the prune counts as a quiet one
+    and ends by truncating the ``-wal`` (``retention._give_back``) where the
+    probe's reads let that checkpoint run: a hold of its own, in the second phase.
+    """
+    clock = ModelClock(1_000_000)
+    queue = Queue(workdir / "hold.sqlite3", clock=clock)
+    with queue.session():
+        for text in jsonl(range(messages), payload_2k, ENQUEUE_LINES):
+            queue.enqueue_jsonl(text)
+        kinds = [outcome.kind for outcome in drain(queue, Handler(), batch_size=LOAD_BATCH)]
+    if kinds != ["done"] * messages:
+        raise CheckFailed(f"prune hold: {messages} events, outcomes {sorted(set(kinds))}")
+    clock.advance(WINDOW_SECONDS)
+    probe = subprocess.Popen([sys.executable, "-c", _LOCK_PROBE, str(queue.store.target)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    give_back = retention._give_back
+
+    def tell(command: str) -> str:
+        assert probe.stdin is not None and probe.stdout is not None
+        probe.stdin.write(command)
+        probe.stdin.flush()
+        return probe.stdout.readline()
+
+    def marked(*args: Any, **kwargs: Any) -> None:
+        tell("m")
+        give_back(*args, **kwargs)
+    try:
+        tell("g")  # answered once the probe has read it: it loops from there on
+        retention._give_back = marked
+        try:
+            done = queue.prune(0)
+        finally:
+            retention._give_back = give_back
+        spells = [float(spell) for spell in tell("s").split()]
+    finally:
+        probe.kill()
+        probe.wait()
+    if done.messages != messages - 1 or done.kept:  # the journal's last row's owner waits
+        raise CheckFailed(f"prune hold: pruned {done.messages} of {messages}, kept {done.kept}")
+    if len(spells) != 2:
+        raise CheckFailed(f"prune hold: the probe answered {spells}, not two phases")
+    return {"messages": done.messages, "batches": done.batches, "held_s": spells[0],
+            "give_back_held_s": spells[1], "longest_call_s": done.longest_batch_seconds}
 
 
 def kept_per_pruned_event(loaded: LoadedFile, events: int) -> dict[str, Any]:

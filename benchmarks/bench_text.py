@@ -298,6 +298,16 @@ def lifetime_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"  a replay of pruned E0000: {replay['same']}; with another payload: "
                      f"{replay['other']}; states, effects and money exact on all three files "
                      "(the shared audit), and on the pruned one again after the replays")
+    hold = found.get("hold")
+    if hold:
+        lines.append(f"prune's hold of the write lock, as a process beside it met it (taking and "
+                     f"releasing the lock in a loop, no other writer): prune(0) of "
+                     f"{hold['messages']:,} done messages of 2 KB in {hold['batches']} batches "
+                     f"kept it from the lock {hold['held_s'] * 1000:.1f} ms at the longest; "
+                     f"giving the freed pages back after them "
+                     f"{hold['give_back_held_s'] * 1000:.1f} ms (incremental vacuum "
+                     "transactions, and the -wal's truncation where the probe's reads let it "
+                     "run: nothing else committed during the prune, so it counts as quiet)")
     beside = found.get("beside")
     paired = results.get("paired", {})
     if beside and "single_pruned" in paired:
