@@ -63,7 +63,9 @@ The queue over its lifetime (``bench_retention.py``): a steady load of
 events with 2 KB payloads processed in rolling windows, on a file pruned
 after every window and on one never pruned (file and ``-wal`` sizes, the
 payload and journal bytes window by window, the bytes every pruned event
-keeps, read with ``dbstat``, the longest prune transaction); our single
+keeps, read with ``dbstat``, the longest prune transaction to the end of its
+commit call); how long a prune keeps the write lock from a probe beside it
+that takes and releases the lock in a loop; our single
 message with a process running ``prune`` beside the worker, in the same
 rounds as the case without it; on PostgreSQL the tables' sizes before a
 prune and after it and a ``VACUUM``; and ``migrate`` of a queue that the

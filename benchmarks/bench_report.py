@@ -212,11 +212,11 @@ def _longest_prune_ms(results: dict[str, Any]) -> tuple[float | None, str]:
     if not hold:
         return None, ""
     return hold["held_s"] * 1000, (
-        f"{hold['batches']} batches pruning {hold['messages']:,} messages; then giving freed "
-        f"pages back held it {hold['give_back_held_s'] * 1000:.1f} ms at the longest; the "
-        f"batches' longest from BEGIN IMMEDIATE to the end of the commit call, a checkpoint "
-        f"run in that call after the lock's release included: "
-        f"{hold['longest_call_s'] * 1000:.1f} ms")
+        f"{hold['batches']} batches pruning {hold['messages']:,} messages; while the freed "
+        f"pages were given back after them the probe waited at most "
+        f"{hold['give_back_held_s'] * 1000:.1f} ms; the batches' longest from BEGIN IMMEDIATE "
+        f"to the end of the commit call, a checkpoint run in that call after the lock's "
+        f"release included: {hold['longest_call_s'] * 1000:.1f} ms")
 
 
 def _prune_beside(results: dict[str, Any]) -> tuple[float | None, str]:
@@ -327,11 +327,12 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Any]], tuple[float | None, str
     ("single consume, prune beside vs without",
      "consumer side, ours FULL* with a process running prune(0) every 20 ms beside the worker "
      "vs the same case without it just before and just after", _prune_beside, 0.9, True),
-    ("longest prune transaction, ms",
+    ("longest prune hold of the write lock, ms",
      f"prune(0) of done messages of 2 KB in batches of at most {PRUNE_BATCH}, committed as the "
-     "package commits them (written, not fsynced), no other writer but a process that takes "
-     "and releases the write lock in a loop: the longest spell it could not take the lock "
-     "while the batches ran (the write lock's hold as a worker beside would meet it)",
+     "package commits them (written, not fsynced), no other writer but a probe that takes "
+     "and releases the write lock in a loop: the longest the probe waited for the lock while "
+     "the batches ran (the hold as a worker beside would meet it; two batches in a row can "
+     "make one wait)",
      _longest_prune_ms,
      10.0, False),
     ("SQLite worker-loop step, priorities 0-9 vs all 0",

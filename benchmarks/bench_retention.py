@@ -35,6 +35,7 @@ import hashlib
 import io
 import json
 import os
+import select
 import sqlite3
 import statistics
 import subprocess
@@ -246,24 +247,27 @@ def slope(samples: list[dict[str, int]], rolled_after: int) -> float | None:
 # The process that meets the write lock as another writer would (``prune_hold``): on
 # ``g`` it answers ``go``, then takes the lock (``BEGIN IMMEDIATE``, never waiting)
 # and releases it (``ROLLBACK``) again and again, timing each spell from its first
-# refused try to the next one that got the lock. ``m`` closes a phase: it takes the
-# lock once more (the phase's last hold has ended), answers ``ok`` and starts the
-# next; ``s`` stops and answers each phase's longest spell, in seconds.
+# try that found the lock taken to the next one that got it. ``m`` and ``s`` each
+# close a phase: the probe takes the lock once more (the phase's last hold has then
+# ended), and on ``m`` answers ``ok`` and starts the next phase, on ``s`` answers
+# each phase's longest spell, in seconds. Any error but SQLITE_BUSY ends it.
 _LOCK_PROBE = """
 import os, select, sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
 conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
 while os.read(0, 1) == b"g":
-    phases, longest, since, closing = [], 0.0, None, False
+    phases, longest, since, closing = [], 0.0, None, b""
     print("go", flush=True)
-    while True:
+    while closing != b"s":
         if not closing and select.select([0], [], [], 0)[0]:
-            if os.read(0, 1) != b"m":
-                break
-            closing = True
+            closing = os.read(0, 1)
+            if closing not in (b"m", b"s"):
+                sys.exit(f"unknown command {closing!r}")
         try:
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != 5:  # SQLITE_BUSY
+                raise
             since = time.perf_counter() if since is None else since
             continue
         now = time.perf_counter()
@@ -271,10 +275,13 @@ while os.read(0, 1) == b"g":
         if since is not None:
             longest, since = max(longest, now - since), None
         if closing:
-            phases, longest, closing = phases + [longest], 0.0, False
-            print("ok", flush=True)
-    print(" ".join(str(spell) for spell in phases + [longest]), flush=True)
+            phases, longest = phases + [longest], 0.0
+            if closing == b"m":
+                closing = b""
+                print("ok", flush=True)
+    print(" ".join(str(spell) for spell in phases), flush=True)
 """
+PROBE_ANSWER_SECONDS = 60.0  # a probe that does not answer within this has failed
 
 
 def prune_hold(workdir: Path, messages: int) -> dict[str, Any]:
@@ -282,16 +289,22 @@ def prune_hold(workdir: Path, messages: int) -> dict[str, Any]:
 
     ``messages`` events of ``PAYLOAD_BYTES`` are enqueued and processed, then
     ``prune(0)`` prunes them with no writer beside it but ``_LOCK_PROBE``, which
-    only takes and releases the lock: its longest refused spell is the hold as a
-    worker beside the prune would meet it, first over the batches of
+    only takes and releases the lock: its longest spell without the lock is the
+    hold as a worker beside the prune would meet it, first over the batches of
     ``PRUNE_BATCH`` messages, then over the giving back of freed pages that
     follows them (the probe is told when ``retention._give_back`` begins, and
-    answers once the batches' last hold has ended). SQLite's automatic
-    checkpoint, which a commit call runs after releasing the lock, is in neither;
-    the batches' own ``longest_batch_seconds`` (to the end of the commit call)
-    is given beside. The probe never commits, so the prune counts as a quiet one
-    and ends by truncating the ``-wal`` (``retention._give_back``) where the
-    probe's reads let that checkpoint run: a hold of its own, in the second phase.
+    answers once the batches' last hold has ended, so no spell of the first
+    phase outlasts the batches: ``held_s`` is below ``seconds``, the whole
+    prune's). SQLite's
+    automatic checkpoint, which a commit call runs after releasing the lock, is
+    in neither; the batches' own ``longest_batch_seconds`` (to the end of the
+    commit call, a wait for the probe's brief hold included) is given beside.
+    The probe never commits, so the prune counts as a quiet one: where the
+    ``-wal`` has reached ``retention.WAL_TRUNCATE_BYTES`` and the probe is not in
+    the lock at that moment, the prune ends by truncating it, a hold of a whole
+    checkpoint, in the second phase (a worker that commits during the prune
+    prevents that truncation). A probe that fails raises ``RuntimeError``, not
+    ``CheckFailed``: no exactly-once check failed.
     """
     clock = ModelClock(1_000_000)
     queue = Queue(workdir / "hold.sqlite3", clock=clock)
@@ -302,36 +315,44 @@ def prune_hold(workdir: Path, messages: int) -> dict[str, Any]:
     if kinds != ["done"] * messages:
         raise CheckFailed(f"prune hold: {messages} events, outcomes {sorted(set(kinds))}")
     clock.advance(WINDOW_SECONDS)
-    probe = subprocess.Popen([sys.executable, "-c", _LOCK_PROBE, str(queue.store.target)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     give_back = retention._give_back
+    with subprocess.Popen([sys.executable, "-c", _LOCK_PROBE, str(queue.store.target)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as probe:
 
-    def tell(command: str) -> str:
-        assert probe.stdin is not None and probe.stdout is not None
-        probe.stdin.write(command)
-        probe.stdin.flush()
-        return probe.stdout.readline()
+        def tell(command: str) -> str:
+            assert probe.stdin is not None and probe.stdout is not None
+            probe.stdin.write(command)
+            probe.stdin.flush()
+            if not select.select([probe.stdout], [], [], PROBE_ANSWER_SECONDS)[0]:
+                raise RuntimeError(f"prune hold: the lock probe did not answer {command!r}")
+            return probe.stdout.readline().strip()
 
-    def marked(*args: Any, **kwargs: Any) -> None:
-        tell("m")
-        give_back(*args, **kwargs)
-    try:
-        tell("g")  # answered once the probe has read it: it loops from there on
-        retention._give_back = marked
+        def expect(command: str, answer: str) -> None:
+            if (got := tell(command)) != answer:
+                raise RuntimeError(f"prune hold: the lock probe answered {got!r} to "
+                                   f"{command!r}, not {answer!r}")
+
+        def marked(*args: Any, **kwargs: Any) -> None:
+            expect("m", "ok")
+            give_back(*args, **kwargs)
         try:
-            done = queue.prune(0)
+            expect("g", "go")  # it loops from there on
+            started = time.perf_counter()
+            retention._give_back = marked
+            try:
+                done = queue.prune(0)
+            finally:
+                retention._give_back = give_back
+            spells = [float(spell) for spell in tell("s").split()]
         finally:
-            retention._give_back = give_back
-        spells = [float(spell) for spell in tell("s").split()]
-    finally:
-        probe.kill()
-        probe.wait()
+            probe.kill()
     if done.messages != messages - 1 or done.kept:  # the journal's last row's owner waits
         raise CheckFailed(f"prune hold: pruned {done.messages} of {messages}, kept {done.kept}")
     if len(spells) != 2:
-        raise CheckFailed(f"prune hold: the probe answered {spells}, not two phases")
+        raise RuntimeError(f"prune hold: the lock probe answered {spells}, not two phases")
     return {"messages": done.messages, "batches": done.batches, "held_s": spells[0],
-            "give_back_held_s": spells[1], "longest_call_s": done.longest_batch_seconds}
+            "give_back_held_s": spells[1], "longest_call_s": done.longest_batch_seconds,
+            "seconds": time.perf_counter() - started}
 
 
 def kept_per_pruned_event(loaded: LoadedFile, events: int) -> dict[str, Any]:

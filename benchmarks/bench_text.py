@@ -300,14 +300,15 @@ def lifetime_lines(results: dict[str, Any]) -> list[str]:
                      "(the shared audit), and on the pruned one again after the replays")
     hold = found.get("hold")
     if hold:
-        lines.append(f"prune's hold of the write lock, as a process beside it met it (taking and "
-                     f"releasing the lock in a loop, no other writer): prune(0) of "
-                     f"{hold['messages']:,} done messages of 2 KB in {hold['batches']} batches "
-                     f"kept it from the lock {hold['held_s'] * 1000:.1f} ms at the longest; "
-                     f"giving the freed pages back after them "
-                     f"{hold['give_back_held_s'] * 1000:.1f} ms (incremental vacuum "
-                     "transactions, and the -wal's truncation where the probe's reads let it "
-                     "run: nothing else committed during the prune, so it counts as quiet)")
+        lines.append(f"prune's hold of the write lock, as a probe beside it met it (a process "
+                     f"that takes and releases the lock in a loop, no other writer): during the "
+                     f"{hold['batches']} batches of a prune(0) of {hold['messages']:,} done "
+                     f"messages of 2 KB the probe waited at most {hold['held_s'] * 1000:.1f} ms "
+                     f"for the lock, and at most {hold['give_back_held_s'] * 1000:.1f} ms while "
+                     "the freed pages were given back after them (incremental vacuum "
+                     "transactions, and the -wal's truncation if it ran: the probe commits "
+                     "nothing, so the prune counts as quiet, and the truncation runs where the "
+                     "-wal has reached 1 MB and the probe is not in the lock at that moment)")
     beside = found.get("beside")
     paired = results.get("paired", {})
     if beside and "single_pruned" in paired:

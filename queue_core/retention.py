@@ -23,14 +23,15 @@ whose journal the audit would not accept (it is kept whole, and counted).
 
 Pruning runs in short transactions of at most ``batch_size`` messages each,
 beside running workers: each batch holds the write lock for about a
-millisecond. Beside a ``prune(0)`` of 5,000 done messages of 2 KB, a process
-that only took and released the lock in a loop could not take it for 2.6 to
-6.5 ms at the longest while the batches ran (six runs here). Timed to the end
-of the commit call (``Pruned.longest_batch_seconds``) the longest batch took 17
-to 25 ms: once the ``-wal`` holds ``CHECKPOINT_PAGES``, the commit that reaches
-that size copies it into the file (SQLite's automatic checkpoint) inside the
-COMMIT call, but after the write lock is released, so a worker beside it goes
-on writing.
+millisecond on average. Beside a ``prune(0)`` of 5,000 done messages of 2 KB,
+a process that only took and released the lock in a loop waited at most 2.6
+to 6.5 ms for it while the batches ran (six runs here; the batches follow each
+other closely, so one wait can span two). Timed to the end of the commit call
+(``Pruned.longest_batch_seconds``) the longest batch took 17 to 25 ms: once
+the ``-wal`` holds ``CHECKPOINT_PAGES``, the commit that reaches that size
+copies it into the file (SQLite's automatic checkpoint) inside the COMMIT
+call, but after the write lock is released, so a worker beside it goes on
+writing.
 A prune killed at any moment leaves a consistent queue: each
 batch commits whole or not at all, and the next prune goes on. A journal
 sequence number is never reused: the message that owns the journal's last

@@ -28,7 +28,7 @@ from queue_core.queue import PRUNE_BATCH  # noqa: E402
 LIFETIME_TARGETS = {"file + -wal after a steady load, pruned vs not",
                     "bytes kept per pruned event (dbstat pages)",
                     "single consume, prune beside vs without",
-                    "longest prune transaction, ms"}
+                    "longest prune hold of the write lock, ms"}
 # Only the lifetime figures, as small as they go: no raw-commit rounds beyond two.
 LIFETIME_ONLY = bench.replace(bench.QUICK, rounds=2, single=10, batches=(), sizes=(), bare=False,
                               retention=(300, 100), migrate=(400, 300), priorities=(0, 0),
@@ -82,9 +82,9 @@ def test_the_prune_hold_is_timed_by_a_process_beside_the_prune(quick: dict) -> N
 
     pruned = LIFETIME_ONLY.retention[0] // 2 - 1  # all but the journal's last row's owner
     assert (hold["messages"], hold["batches"]) == (pruned, -(-pruned // PRUNE_BATCH))
-    # spells the probe could not take the lock: each a hold, never the whole prune
-    assert 0 <= hold["held_s"] < 5 and 0 <= hold["give_back_held_s"] < 5
-    assert hold["longest_call_s"] > 0
+    # the probe's longest wait during the batches ended before pages were given back
+    assert 0 <= hold["held_s"] < hold["seconds"]
+    assert hold["give_back_held_s"] >= 0 and hold["longest_call_s"] > 0
 
 
 def test_migrate_is_timed_beside_a_worker_of_the_previous_engine(quick: dict) -> None:
@@ -109,8 +109,8 @@ def with_lifetime(**steady: object) -> dict:
 def test_each_lifetime_target_reads_its_figure_and_its_direction() -> None:
     results = with_lifetime(kept={"per_event": 180.0, "pruned": 99},
                             prune={"longest_s": 0.012, "batches": 3})
-    results["lifetime"]["hold"] = {"held_s": 0.012, "give_back_held_s": 0.002, "batches": 4,
-                                   "messages": 199, "longest_call_s": 0.03}
+    results["lifetime"]["hold"] = {"held_s": 0.014, "give_back_held_s": 0.002, "batches": 4,
+                                   "messages": 199, "longest_call_s": 0.03, "seconds": 0.1}
     results["lifetime"]["steady"]["files"]["unpruned"] = {"file": 8000, "wal": 2000}
     results["lifetime"]["steady"]["files"]["pruned"] = {"file": 1500, "wal": 1000}
     results["lifetime"]["beside"] = {"kept_up": False, "during": 3, "consumed": 100,
@@ -125,8 +125,10 @@ def test_each_lifetime_target_reads_its_figure_and_its_direction() -> None:
     assert rows["single consume, prune beside vs without"]["against"].startswith(
         "the prune kept up: NO, it pruned 3 of the 100 messages while the worker ran, at most 97 "
         "behind")
-    longest = rows["longest prune transaction, ms"]
-    assert (longest["value"], longest["met"]) == (pytest.approx(12.0), False)
+    longest = rows["longest prune hold of the write lock, ms"]  # the probe's, not the steady's
+    assert (longest["value"], longest["met"]) == (pytest.approx(14.0), False)
+    assert "the probe waited at most 2.0 ms" in longest["against"]
+    assert "the end of the commit call" in longest["against"] and "30.0 ms" in longest["against"]
     assert bench_report.evaluate({"vs_raw": {}, "peers": []})  # nothing measured: no error
 
 
@@ -139,7 +141,8 @@ def test_a_missed_lifetime_target_still_exits_0(
 
     assert bench.main([]) == 0
     out = capsys.readouterr().out
-    line = next(line for line in out.splitlines() if "longest prune transaction, ms" in line)
+    line = next(line for line in out.splitlines()
+                if "longest prune hold of the write lock, ms" in line)
     assert "500.00" in line and "ABOVE TARGET" in line
 
 
