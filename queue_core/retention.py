@@ -25,7 +25,7 @@ Pruning runs in short transactions of at most ``batch_size`` messages each,
 beside running workers: each batch holds the write lock for about a
 millisecond on average. Beside a ``prune(0)`` of 5,000 done messages of 2 KB,
 a process that only took and released the lock in a loop waited at most 2.6
-to 6.5 ms for it while the batches ran (six runs here; the batches follow each
+to 6.5 ms for it while the batches ran (seven runs here; the batches follow each
 other closely, so one wait can span two). Timed to the end of the commit call
 (``Pruned.longest_batch_seconds``) the longest batch took 17 to 25 ms: once
 the ``-wal`` holds ``CHECKPOINT_PAGES``, the commit that reaches that size
