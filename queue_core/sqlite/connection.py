@@ -22,6 +22,7 @@ from urllib.parse import quote
 from ..errors import UnusableFile
 from ..marks import refuse_other_version
 from .schema import BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, LOCK_PATIENCE, LOCK_POLL_SECONDS
+from .turns import SQLITE_BUSY, TURN, data_version
 
 
 def connect(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> sqlite3.Connection:
@@ -55,16 +56,11 @@ def _connect_ro(name: str) -> sqlite3.Connection:
                            timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
 
 
-
-
 def _connect_immutable(name: str) -> sqlite3.Connection:
     uri = f"file:{quote(Path(name).resolve().as_posix())}?mode=ro&immutable=1"
     return sqlite3.connect(uri, uri=True, isolation_level=None)
 
 
-
-
-SQLITE_BUSY = 5  # the primary code of SQLITE_BUSY, _RECOVERY, _SNAPSHOT and _TIMEOUT
 # (seconds between asks, asks a writer lets pass while the holder keeps committing)
 _POLL: ContextVar[tuple[float, int]] = ContextVar("lock_poll", default=(LOCK_POLL_SECONDS,
                                                                        LOCK_PATIENCE))
@@ -143,17 +139,6 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
 
 
-def data_version(conn: sqlite3.Connection) -> int | None:
-    """What ``PRAGMA data_version`` says now (it changes with every commit of another
-    connection), or ``None`` if even that read met a lock (a WAL recovery)."""
-    try:
-        return int(conn.execute("PRAGMA data_version").fetchall()[0][0])  # read to the end
-    except sqlite3.OperationalError as exc:
-        if exc.sqlite_errorcode & 0xFF != SQLITE_BUSY:
-            raise
-        return None
-
-
 class transaction:  # noqa: N801 - used like a function: ``with transaction(conn):``
     """Run the body inside ``BEGIN IMMEDIATE``: commit on success, roll back on
     any exception (``BaseException`` included, so an interrupt or an encoding
@@ -163,6 +148,8 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
     row and changing it cannot interleave with another writer; a writer that
     finds it taken polls for it instead of sleeping in SQLite's busy handler
     (``begin_immediate`` says how often, and when it lets a busy holder go on).
+    Inside ``drain`` a worker first takes its turn among the workers
+    (``turns``), which keeps it from asking while another keeps committing.
 
     ``relaxed=True`` commits this one transaction at ``synchronous=NORMAL``
     (in WAL mode: its frames are written, not fsynced) and sets the
@@ -192,6 +179,9 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
         self.version = version
 
     def __enter__(self) -> sqlite3.Connection:
+        turn = TURN.get()
+        if turn is not None:  # inside drain: the worker's turn first (``turns``)
+            turn.take(self.conn)
         if self.relaxed:
             self.conn.execute("PRAGMA synchronous = NORMAL")
         try:
@@ -219,6 +209,9 @@ class transaction:  # noqa: N801 - used like a function: ``with transaction(conn
                 self.conn.rollback()  # the exception propagates: __exit__ returns None
         finally:
             self._restore()
+            turn = TURN.get()
+            if turn is not None:
+                turn.done(self.conn)
 
     def _restore(self) -> None:
         if self.relaxed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from contextlib import AbstractContextManager
 from typing import Any, Callable, TypeVar
 
 from ..ids import COURSE, require_same_rule
@@ -12,6 +13,7 @@ from .connection import connect, read_transaction, transaction
 from .files import connect_readonly, read
 from .identity import id_rule, prepare
 from .schema import SCHEMA_VERSION
+from .turns import turns
 
 T = TypeVar("T")
 
@@ -69,6 +71,11 @@ class SqliteStore:
 
     def connect_readonly(self) -> sqlite3.Connection:
         return connect_readonly(self.target)
+
+    def turns(self, conn: sqlite3.Connection) -> AbstractContextManager[None]:
+        """In the block, ``conn``'s write transactions take turns with the other
+        workers of this file (``turns``): a worker's ``drain``."""
+        return turns(conn, self.target)
 
     def read(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return read(self.target, body)
