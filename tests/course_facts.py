@@ -174,6 +174,33 @@ def a_priority_is_a_head_start_and_every_wait_has_a_bound() -> None:
     assert build_parser().parse_args(["enqueue", "--priority", "9", "f.jsonl"]).priority == 9
 
 
+def drain_takes_turns_on_the_wal_across_its_steps() -> None:
+    import fcntl
+    import os
+    from queue_core.sqlite import turns
+    assert turns.TURN_SECONDS == 0.01 and turns.IDLE_SECONDS == 0.05
+    held: list[bool] = []
+    with fresh_queue() as (queue, _):
+        wal = queue.path + "-wal"
+
+        def look(outcome: object) -> None:  # between two steps: is the -wal's flock taken?
+            probe = os.open(wal, os.O_RDONLY)
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+            finally:
+                os.close(probe)
+
+        real, turns.TURN_SECONDS = turns.TURN_SECONDS, 3600.0  # a turn that cannot end here
+        try:
+            drain(queue, Handler(), on_outcome=look)
+        finally:
+            turns.TURN_SECONDS = real
+    assert held == [True, True, True]
+
+
 FACTS = (
     Fact("A worker that needs longer keeps its lease with a heartbeat, `Queue.extend`, "
          "fenced like an ACK.",
@@ -245,6 +272,13 @@ FACTS = (
           r"\b(the|this) (queue|package|library) (has|offers|supports) no priorit",
           r"\bwithout priorities\b"),
          a_priority_is_a_head_start_and_every_wait_has_a_bound),
+    Fact("Worker processes on one SQLite file take turns inside `drain`: each keeps an "
+         "`flock` of the queue's `-wal` across its steps for `TURN_SECONDS` (10 ms), and a "
+         "waiter sleeps until the kernel hands it the turn (`queue_core/sqlite/turns.py`).",
+         (r"\b(the|this) package does not take turns\b",
+          r"\b(a waiting worker|the waiters?|a waiter)[^.\n]{0,40}\b(asks?|looks?|wakes?) "
+          r"(again )?every millisecond"),
+         drain_takes_turns_on_the_wal_across_its_steps),
 )
 
 
