@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import sqlite3
 import subprocess
+import sys
 import threading
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from conftest import read_back
 from observe import expect, ledger
-from queue_core import Handler, Queue, drain
+from queue_core import Handler, ModelClock, Outcome, Queue, drain
 from queue_core.lab.story.child import collect, open_gate, run_child
 from queue_core.sqlite import turns as turns_module
 from queue_core.sqlite.turns import TURN
@@ -34,9 +38,16 @@ def fill(queue: Queue, count: int) -> int:
     return count * (count + 1) // 2
 
 
-def open_fds() -> set[str]:
-    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-            if os.path.exists(f"/proc/self/fd/{fd}")}
+def open_fds() -> Counter[str]:
+    """How many descriptors this process has open on each path (SQLite's own
+    descriptor of the -wal and a turn's are two of the same path)."""
+    paths: Counter[str] = Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            paths[os.readlink(f"/proc/self/fd/{fd}")] += 1
+        except OSError:  # the descriptor listdir itself used, closed by now
+            pass
+    return paths
 
 
 class HeldTurn:
@@ -119,15 +130,13 @@ def test_a_holder_that_commits_nothing_does_not_stop_a_worker(
     held = HeldTurn(db_path)  # and it never lets go while the worker runs
     try:
         proc = run_child(db_path, now=1000, wait=False, mode="drain")
-        result = collect(proc)  # type: ignore[arg-type]
-        still_held = not held.free()
+        result = collect(proc)  # type: ignore[arg-type]  # the turn held all along
     finally:
         held.close()
 
-    assert result.exit_code == 0
+    assert result.exit_code == 0  # it went on without the turn, under SQLite's lock
     assert [o.event_id for o in result.outcomes] == [f"E{n:04d}" for n in range(1, 301)]
     assert ledger(db_path) == expect(total=total, effects=300, done=300)
-    assert still_held  # the worker went on without the turn, under SQLite's lock
 
 
 def test_a_worker_waits_out_a_holder_idle_once_per_drain_not_once_per_message(
@@ -182,7 +191,8 @@ def test_a_drain_that_ends_while_waiting_leaves_the_descriptor_to_its_helper(
         queue: Queue, db_path: Path, handler: Handler) -> None:
     total = fill(queue, 3)
     with queue.session():
-        before = open_fds()
+        wal = str(db_path) + "-wal"
+        before = open_fds()[wal]  # SQLite's own descriptor of it
         held = HeldTurn(db_path)
         try:
             drain(queue, handler)  # waits once, then goes on under SQLite's lock
@@ -190,7 +200,8 @@ def test_a_drain_that_ends_while_waiting_leaves_the_descriptor_to_its_helper(
         finally:
             held.close()  # the helper gets the turn, lets go and closes
         helpers_done()
-        assert open_fds() == before
+        assert open_fds()[wal] == before  # (the held turn's reader may leave SQLite an
+        # unused descriptor of the database file, which it keeps while it holds locks)
         assert wal_is_free(db_path)
     assert ledger(db_path) == expect(total=total, effects=3, done=3)
 
@@ -203,8 +214,12 @@ def test_a_worker_with_its_turn_still_waits_for_sqlites_lock(
         writer.execute("BEGIN IMMEDIATE")  # another writer (an enqueue, a prune) holds it
         proc = run_child(db_path, now=1000, wait=False, mode="drain")
         assert isinstance(proc, subprocess.Popen)
-        with pytest.raises(subprocess.TimeoutExpired):
-            proc.wait(timeout=1)  # it cannot ACK or claim under another writer's lock
+        deadline = time.monotonic() + 30
+        while wal_is_free(db_path):  # until the worker has taken its turn
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                "the worker neither took its turn nor kept running"
+            time.sleep(0.01)
+        assert proc.poll() is None  # with its turn, it waits for SQLite's lock
         assert ledger(db_path) == expect(total=0, effects=0, ready=20)
         writer.execute("ROLLBACK")
         result = collect(proc)
@@ -216,3 +231,116 @@ def test_a_worker_with_its_turn_still_waits_for_sqlites_lock(
     assert ledger(db_path) == expect(total=total, effects=20, done=20)
     assert set(os.listdir(db_path.parent)) <= {db_path.name, f"{db_path.name}-shm",
                                                f"{db_path.name}-wal"}  # nothing left behind
+
+
+def test_a_stuck_holder_beside_a_writer_that_keeps_committing_stops_no_worker(
+        queue: Queue, db_path: Path, handler: Handler, model_clock: ModelClock) -> None:
+    fill(queue, 40)
+    producer = Queue(db_path, clock=model_clock)  # another writer: an enqueue every 10 ms
+    stop = threading.Event()
+    produced: list[int] = []
+
+    def enqueue_every_10_ms() -> None:
+        while not stop.is_set() and len(produced) < 9000:  # E5000 to E9999 at most
+            n = 5000 + len(produced)
+            producer.enqueue_jsonl(BOOK.format(n, 1))
+            produced.append(n)
+            stop.wait(0.01)
+
+    held = HeldTurn(db_path)
+    enqueuer = threading.Thread(target=enqueue_every_10_ms)
+    first: list[Outcome] = []
+    worker = threading.Thread(target=lambda: first.extend(drain(queue, handler)))
+    enqueuer.start()
+    worker.start()
+    try:
+        worker.join(timeout=60)  # without WAIT_SECONDS it waits as long as both go on
+        stuck = worker.is_alive()
+    finally:
+        stop.set()
+        enqueuer.join()
+        held.close()
+        worker.join()
+    helpers_done()
+    assert not stuck, "the worker waited for a stuck holder while another writer committed"
+    rest = drain(queue, handler)  # what the enqueuer added after the first drain ended
+
+    done = sorted(o.event_id for o in first + rest if o.kind == "done")
+    assert done == sorted([f"E{n:04d}" for n in range(1, 41)] + [f"E{n:04d}" for n in produced])
+    assert ledger(db_path) == expect(total=820 + len(produced), effects=40 + len(produced),
+                                     done=40 + len(produced))
+
+
+def test_a_turn_that_comes_while_going_on_without_it_is_taken_and_let_go(
+        queue: Queue, db_path: Path, handler: Handler,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    total = fill(queue, 10)
+    monkeypatch.setattr(turns_module, "TURN_SECONDS", 0.0)  # let go after every commit
+    held = HeldTurn(db_path)
+    free_after: list[bool] = []
+
+    def look(outcome: object) -> None:
+        if len(free_after) == 0 and not held.fd < 0:  # the first outcome: the holder goes
+            held.close()
+            held.fd = -1
+            deadline = time.monotonic() + 30
+            while wal_is_free(db_path):  # until this drain's helper has the turn
+                assert time.monotonic() < deadline, "the helper never got the turn"
+                time.sleep(0.001)
+            free_after.append(False)
+        else:  # every later step took the turn it was given, and let go at its commit
+            free_after.append(wal_is_free(db_path))
+
+    try:
+        outcomes = drain(queue, handler, on_outcome=look)
+    finally:
+        if held.fd >= 0:
+            held.close()
+    helpers_done()
+
+    assert [o.kind for o in outcomes] == ["done"] * 10
+    assert ledger(db_path) == expect(total=total, effects=10, done=10)
+    assert free_after == [False] + [True] * 9
+
+
+DIES_HOLDING_ITS_TURN = """
+import os, sys, time
+from queue_core import Handler, ModelClock, Queue, drain
+queue = Queue(sys.argv[1], clock=ModelClock(1000))
+
+def fork_then_die(outcome):
+    child = os.fork()
+    if child == 0:  # a child forked mid-drain (a handler's subprocess, say) lives on
+        quiet = os.open(os.devnull, os.O_RDWR)
+        os.dup2(quiet, 1)  # not the parent's pipes: the test reads them to their end
+        os.dup2(quiet, 2)
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+    os._exit(0)  # the parent dies between two steps, holding its turn
+
+drain(queue, Handler(), on_outcome=fork_then_die)
+"""
+
+
+def test_a_worker_that_dies_holding_its_turn_lets_go_though_its_forked_child_lives(
+        queue: Queue, db_path: Path) -> None:
+    fill(queue, 3)
+    reader = sqlite3.connect(db_path)  # keeps the -wal while the test looks at it
+    reader.execute("SELECT count(*) FROM messages").fetchall()
+    try:
+        parent = subprocess.run([sys.executable, "-c", DIES_HOLDING_ITS_TURN, str(db_path)],
+                                capture_output=True, text=True, timeout=60, check=True,
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+        child = int(parent.stdout.split()[0])
+        try:
+            os.kill(child, 0)  # still alive, holding a copy of the parent's descriptors
+            free = wal_is_free(db_path)
+        finally:
+            os.kill(child, signal.SIGKILL)
+    finally:
+        reader.close()
+
+    assert free  # the turn went with the process that took it
+    assert ledger(db_path) == expect(total=1, effects=1, done=1, leased=1,
+                                     ready=1)  # E0002 claimed ahead

@@ -35,12 +35,16 @@ connection to the queue is open, and a worker in ``drain`` has one open.
 A waiter does not wait long for a holder that commits nothing: it looks
 every ``IDLE_SECONDS`` whether another connection committed (``PRAGMA
 data_version``), and if none did (the holder is inside a slow handler, in a
-caller's callback, or stopped) it goes to SQLite's lock without its turn,
-as every writer did before, and goes on so for as long as nobody else
-commits: a holder stuck for good costs the others one such wait, not one
-per message. A holder that dies lets go with its process. Only a worker
-outside any transaction waits for a turn, so no process holds SQLite's lock
-while it waits for the turn, and the two cannot deadlock.
+caller's callback, or stopped), or once it has waited ``WAIT_SECONDS`` in
+all (a stuck holder beside another writer that keeps committing), it goes
+to SQLite's lock without its turn, as every writer did before, and goes on
+so until its turn comes: a holder stuck for good costs each of the others
+one such wait, not one per message. A holder that dies lets go with its
+process; a child forked while a turn is open closes its copy of the
+descriptor at once, so the turn never outlives the process that took it.
+Only a worker outside any transaction waits for a turn, so no process
+holds SQLite's lock while it waits for the turn, and the two cannot
+deadlock.
 """
 
 from __future__ import annotations
@@ -78,14 +82,18 @@ def data_version(conn: sqlite3.Connection) -> int | None:
 # before its ACK, a turn and a commit each: with 4 workers about 30 to 40 ms, where
 # turns of 20 ms gave about 60 (``make scale`` prints the claim-to-ACK p99).
 TURN_SECONDS = 0.01
-# A waiter that saw no other connection commit for this long goes on without its turn.
+# A waiter that saw no other connection commit for this long goes on without its turn,
+# and so does one that waited this long in all (the holder is stuck, and another
+# writer, an enqueue say, keeps committing). A turn is 10 ms and a commit: a second
+# is the turns of about eighty workers.
 IDLE_SECONDS = 0.05
+WAIT_SECONDS = 1.0
 
 
 class Turn:
     """The turn of one ``drain`` on one connection (see the module's docstring)."""
 
-    __slots__ = ("conn", "fd", "pid", "since", "granted", "waiting", "idle", "gave", "ended",
+    __slots__ = ("conn", "fd", "pid", "since", "granted", "waiting", "bypass", "gave", "ended",
                  "guard")
 
     def __init__(self, conn: sqlite3.Connection, fd: int) -> None:
@@ -95,17 +103,23 @@ class Turn:
         self.since: float | None = None  # when this process took the turn
         self.granted = threading.Event()  # set by the helper thread that waited for it
         self.waiting = False  # whether a helper thread is out waiting for the turn
-        self.idle: int | None = None  # data_version when a waiter last found the holder idle
+        self.bypass = False  # whether it goes on without its turn until the helper gets it
         self.gave = False  # whether this drain has let go of a turn
         self.ended = False
         self.guard = threading.Lock()
 
     def take(self, conn: sqlite3.Connection) -> None:
         """Before a write transaction on ``conn``: hold the turn, or go on without it
-        once the holder commits nothing for ``IDLE_SECONDS``."""
+        (see the module's docstring for when)."""
         if conn is not self.conn or self.since is not None or self.pid != os.getpid():
             return
-        if not self.waiting:
+        if self.waiting:
+            if self.granted.is_set():  # the helper got it while this went on without it
+                self._hold()
+                return
+            if self.bypass:
+                return  # without a turn until the helper gets it
+        else:
             if not self.gave:
                 try:
                     fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -117,18 +131,18 @@ class Turn:
             # would take the turn back before the waiter the kernel woke could run.
             self.waiting = True
             threading.Thread(target=self._wait, name="queue-core-turn", daemon=True).start()
-        seen = data_version(conn)
-        if seen is not None and seen == self.idle:
-            return  # nobody committed since the last look found the holder idle
+        seen, deadline = data_version(conn), time.monotonic() + WAIT_SECONDS
         while not self.granted.wait(IDLE_SECONDS):
             now = data_version(conn)
-            if now == seen:
-                self.idle = now  # the holder committed nothing: SQLite's lock decides
+            if now == seen or time.monotonic() > deadline:
+                self.bypass = True  # the holder is idle or stuck: SQLite's lock decides
                 return
             seen = now
-        self.idle = None
+        self._hold()
+
+    def _hold(self) -> None:
         self.granted.clear()
-        self.waiting = False
+        self.waiting = self.bypass = False
         self.since = time.monotonic()
 
     def _wait(self) -> None:
@@ -162,6 +176,23 @@ class Turn:
 
 
 TURN: ContextVar[Turn | None] = ContextVar("turn", default=None)
+_OPEN: set[Turn] = set()  # the turns of this process's drains that are running now
+
+
+def _forget_in_child() -> None:
+    """In a child forked while a drain ran: close the copies of the turns'
+    descriptors, which share the parent's ``flock``: a parent that dies must
+    let go of its turn, whatever its children do."""
+    for turn in _OPEN:
+        try:
+            os.close(turn.fd)
+        except OSError:
+            pass
+    _OPEN.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 @contextmanager
@@ -178,8 +209,10 @@ def turns(conn: sqlite3.Connection, target: str) -> Iterator[None]:
         return
     turn = Turn(conn, fd)
     token = TURN.set(turn)
+    _OPEN.add(turn)
     try:
         yield
     finally:
         TURN.reset(token)
+        _OPEN.discard(turn)
         turn.end()
