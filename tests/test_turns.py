@@ -32,9 +32,9 @@ BOOK = '{{"event_id": "E{:04d}", "payload": {{"category": "book", "amount_cents"
 
 def fill(queue: Queue, count: int) -> int:
     """Enqueue ``count`` book events of 1, 2, ... cents; return their total."""
-    for start in range(1, count + 1, 1000):
-        queue.enqueue_jsonl("".join(BOOK.format(n, n) for n in range(start,
-                                                                     min(start + 1000, count + 1))))
+    for start in range(1, count + 1, 1000):  # a batch holds at most 1,000 lines
+        end = min(start + 1000, count + 1)
+        queue.enqueue_jsonl("".join(BOOK.format(n, n) for n in range(start, end)))
     return count * (count + 1) // 2
 
 

@@ -12,9 +12,10 @@ worker's rate.
 So inside ``drain`` a worker takes a turn first: an ``flock`` of the
 queue's ``-wal`` file, which the kernel hands to a waiter as soon as it is
 let go, while the waiters sleep without waking. The holder keeps it across
-its steps for ``TURN_SECONDS``, and lets go when the first transaction
-that ends past that ends (its commit, or a rollback); then it waits for its next turn like the others (asking at once, it
-would take the turn back before the waiter the kernel woke could run). The
+its steps for ``TURN_SECONDS``, and lets go at the end (a commit or a
+rollback) of its first transaction to end past that; then it waits for its
+next turn like the others (asking at once, it would take the turn back
+before the waiter the kernel woke could run). The
 turn is only an order among the package's own workers: each step still
 takes SQLite's write lock (``BEGIN IMMEDIATE``), so a prune, an enqueue, a
 command line or any other writer goes on exactly as before, and what a
@@ -22,8 +23,9 @@ transaction may do is decided by SQLite's lock alone. With turns, four
 workers made 0.90 to 1.06 of one worker's rate in five runs of
 ``benchmarks/bench.py --writers``, against 0.84 and 0.85 without them the
 same day (README gives the runs; they were taken before ``WAIT_SECONDS``
-and ``_hold``'s second caller were added, which act only when a holder
-commits nothing for ``IDLE_SECONDS`` or a waiter has waited ``WAIT_SECONDS``).
+existed and before a turn that comes while a worker goes on without one
+was taken; both act only when a holder commits nothing for
+``IDLE_SECONDS`` or a waiter has waited ``WAIT_SECONDS``).
 
 Why the ``-wal`` and not the database file: SQLite's unix VFS holds its own
 ``fcntl`` locks on the database file and on the ``-shm``, and closing any
