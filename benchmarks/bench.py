@@ -161,6 +161,10 @@ class Plan:
     priorities: tuple[int, int] = (0, 0)
     starvation: int = 0
     pg_workers: tuple[int, ...] = WORKER_COUNTS  # PostgreSQL's worker counts (K = 1 and 100)
+    # ``queue-core --help`` timed against a bare Python start, 21 of each (two seconds here);
+    # the notebook's run, the slow-disk child and the runs of one question leave it to
+    # the full run's own process
+    startup: bool = True
 
 
 FULL = Plan(rounds=12, budget_s=150.0, raw=40, single=100, k10=400, k100=2000,
@@ -173,23 +177,25 @@ QUICK = Plan(rounds=4, budget_s=1.0, raw=8, single=15, k10=60, k100=200,
 # A few seconds for notebook 08: ours (one at a time, batched, NORMAL) and the peers, at
 # like durability, consumer side; and one probe round.
 PEERS_QUICK = Plan(rounds=3, budget_s=1.0, raw=8, single=30, k10=60, k100=300, sizes=(),
-                   full=False, peers=True, safety=(100, 1), normal=True, bare=False)
+                   full=False, peers=True, safety=(100, 1), normal=True, bare=False,
+                   startup=False)
 # SQLite's writers alone (``--writers``): one worker, 2 and 4 worker processes, and a
 # prune looping beside one worker; the figures the write lock's hand-over decides.
 # Slices of 1,000 messages (a quarter of a second): in slices of 200 the workers'
 # start and their last messages, when some have finished and one runs alone, were a
 # fifth of each slice, and the ratios moved by 0.1 between runs.
 WRITERS = Plan(rounds=10, budget_s=90.0, raw=40, single=1000, k10=0, k100=0, sizes=(),
-               full=False, batches=(), bare=False, prune_case=True, workers=True)
+               full=False, batches=(), bare=False, prune_case=True, workers=True,
+               startup=False)
 # Priorities alone (``--priorities``): what they cost the worker loop's step on both stores,
 # as in the full run, beside our single message for scale, and the low priority's waits.
 PRIORITIES = Plan(rounds=4, budget_s=30.0, raw=40, single=100, k10=0, k100=0, sizes=(),
                   full=False, postgres=200, batches=(), bare=False, priorities=(200, 20),
-                  starvation=10, pg_workers=(1,))
+                  starvation=10, pg_workers=(1,), startup=False)
 # The slow-disk regime: every flush 2 ms; ours against the peers that fsync every commit.
 SLOW = Plan(rounds=8, budget_s=60.0, raw=25, single=60, k10=0, k100=1000, sizes=(),
             full=False, peers=True, safety=(0, 0), batches=(100,), durable_peers_only=True,
-            same_work=True)
+            same_work=True, startup=False)
 
 
 def same_file_system_dir() -> Path:
@@ -336,8 +342,9 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None,
         results["fsyncs"] = (fsyncs.count(fsync_claims=False), fsyncs.count(fsync_claims=True))
     if plan.slow:
         results["slow"] = slow_regime(say)
-    say("timing the command line's start against a bare Python start")
-    results["startup"] = startup()
+    if plan.startup:
+        say("timing the command line's start against a bare Python start")
+        results["startup"] = startup()
     results["targets"] = evaluate(results)
     return results
 

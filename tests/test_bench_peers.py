@@ -275,6 +275,13 @@ def test_make_bench_runs_the_same_work_in_both_regimes_and_the_notebook_run_leav
     assert not bench.PEERS_QUICK.same_work and not bench.QUICK.same_work
 
 
+def test_only_make_bench_times_the_command_lines_start() -> None:
+    # two seconds of starts that notebook 08 prints nothing of, nor the runs of one question
+    assert bench.FULL.startup and bench.QUICK.startup
+    assert not any(plan.startup for plan in (bench.PEERS_QUICK, bench.SLOW, bench.WRITERS,
+                                             bench.PRIORITIES))
+
+
 def test_a_run_on_the_same_work_prints_its_own_table_with_each_guarantee(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     plan = bench.replace(bench.PEERS_QUICK, rounds=2, single=5, k10=10, k100=20,
@@ -296,6 +303,8 @@ def test_a_run_on_the_same_work_prints_its_own_table_with_each_guarantee(
     assert all(not name.startswith("same_") for peer in results["peers"] for name in [peer["name"]])
     assert "the application's effects table holds one effect per event put" in out
     assert "SQLite single vs fastest peer, same work" in out
+    assert "startup" not in results
+    assert re.search(r"queue-core --help vs a bare Python start +- +<= 3 +not measured", out)
 
 
 def test_the_same_work_targets_set_our_worker_loop_against_the_fastest_such_peer() -> None:
