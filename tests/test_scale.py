@@ -58,6 +58,18 @@ def test_every_event_is_done_once_with_exact_money_through_worker_processes_and_
     judged = scale_report.verdicts({"plan": TINY.__dict__, "seconds": 1.0, store: found})
     assert judged[f"{scale_report.NAMES[store]} audit exact"] is True
     assert scale_report.report({"plan": TINY.__dict__, "seconds": 1.0, store: found}, judged)
+    # a full-size run of this store alone (--only) names only it, and leaves the whole
+    # run's 15 minutes unjudged; both stores' runs judge them
+    alone = {"plan": scale.FULL.__dict__, "seconds": 1_000.0, store: found}
+    judged = scale_report.verdicts(alone)
+    assert not [name for name in judged if name.startswith("full run")]
+    assert scale_report.report(alone, judged)[0] == (
+        f"make scale: {scale.FULL.sqlite_events if store == 'sqlite' else scale.FULL.pg_events:,} "
+        f"{scale_report.NAMES[store]} events, this machine, 1000 s in all")
+    both = {**alone, "postgres": found, "sqlite": found}
+    assert scale_report.verdicts(both)["full run <= 15 min"] is False
+    assert scale_report.report(both, scale_report.verdicts(both))[0].startswith(
+        "make scale: 1,000,000 PostgreSQL and 200,000 SQLite events")
 
 
 def test_an_effect_edited_behind_the_queue_fails_the_audit_and_the_target(
