@@ -163,7 +163,7 @@ class Plan:
     pg_workers: tuple[int, ...] = WORKER_COUNTS  # PostgreSQL's worker counts (K = 1 and 100)
     # ``queue-core --help`` timed against a bare Python start, 21 of each (two seconds here);
     # the notebook's run, the slow-disk child and the runs of one question leave it to
-    # the full run's own process
+    # make bench's own run (full or quick)
     startup: bool = True
 
 

@@ -40,7 +40,7 @@ def _quiet(text: str) -> None:
 
 @pytest.mark.parametrize("places", ["sqlite", "postgres"], indirect=True)
 def test_every_event_is_done_once_with_exact_money_through_worker_processes_and_prune(
-        places: tuple[str, str, str]) -> None:
+        places: tuple[str, str, str], tmp_path: Path) -> None:
     store = "sqlite" if places[0].endswith(".sqlite3") else "postgres"
     found: dict[str, Any] = scale.run_store(store, *places, TINY, _quiet)
     events = TINY.pg_events if store == "postgres" else TINY.sqlite_events
@@ -58,6 +58,9 @@ def test_every_event_is_done_once_with_exact_money_through_worker_processes_and_
     judged = scale_report.verdicts({"plan": TINY.__dict__, "seconds": 1.0, store: found})
     assert judged[f"{scale_report.NAMES[store]} audit exact"] is True
     assert scale_report.report({"plan": TINY.__dict__, "seconds": 1.0, store: found}, judged)
+    picture = scale_report.picture({"plan": TINY.__dict__, "seconds": 1.0, store: found},
+                                   tmp_path / "scale.png")
+    assert picture.read_bytes().startswith(b"\x89PNG")
     # a full-size run of this store alone (--only) names only it, and leaves the whole
     # run's 15 minutes unjudged; both stores' runs judge them
     alone = {"plan": scale.FULL.__dict__, "seconds": 1_000.0, store: found}

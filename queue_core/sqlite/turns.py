@@ -26,7 +26,7 @@ same day (those runs were taken before ``WAIT_SECONDS`` existed and before
 a turn that comes while a worker goes on without one was taken; both act
 only when a holder commits nothing for ``IDLE_SECONDS`` or a waiter has
 waited ``WAIT_SECONDS``), and 0.94 to 1.00 in five runs of the code as it
-is, on another day (README gives the runs).
+is, taken later the same day (README gives the runs).
 
 Why the ``-wal`` and not the database file: SQLite's unix VFS holds its own
 ``fcntl`` locks on the database file and on the ``-shm``, and closing any
