@@ -417,6 +417,17 @@ def priority_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def shown(value: float, bound: float, at_least: bool, met: bool) -> str:
+    """``value`` to two decimals, or as many more as it takes to show which side of
+    ``bound`` it is on: 0.9496 against a floor of 0.95 reads "0.9496", not a
+    "0.95" marked below target beside another "0.95" marked ok."""
+    for digits in (2, 3, 4, 5, 6):
+        text = f"{value:.{digits}f}"
+        if (float(text) >= bound if at_least else float(text) <= bound) == met:
+            return text
+    return repr(value)
+
+
 def target_lines(results: dict[str, Any]) -> list[str]:
     """Every target with this run's figure and its verdict (a benchmark reports, it does not gate)."""
     lines = ["", "targets, from this run (floors unless marked <=):",
@@ -426,7 +437,8 @@ def target_lines(results: dict[str, Any]) -> list[str]:
         if row["value"] is None:
             value, verdict = "-", "not measured in this run"
         else:
-            value, verdict = f"{row['value']:.2f}", "ok" if row["met"] else "BELOW TARGET"
+            value = shown(row["value"], row["bound"], row["at_least"], row["met"])
+            verdict = "ok" if row["met"] else "BELOW TARGET"
             if not row["at_least"] and not row["met"]:
                 verdict = "ABOVE TARGET"
         against = f"; against {row['against']}" if row["against"] else ""

@@ -157,6 +157,28 @@ def test_a_missed_target_still_exits_0_and_a_failed_check_exits_1(
     assert "EXACTLY-ONCE CHECK FAILED" in capsys.readouterr().out
 
 
+def test_a_figure_near_its_target_shows_the_digits_that_decide_its_verdict(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_text
+
+    def row(name: str, value: float, bound: float, at_least: bool = True) -> dict:
+        met = value >= bound if at_least else value <= bound
+        return {"name": name, "value": value, "bound": bound, "at_least": at_least,
+                "met": met, "compares": "x", "against": None}
+    rows = [row("just-under", 0.94996, 0.95), row("just-over", 0.9512, 0.95),
+            row("far-under", 0.83, 0.9), row("on-it", 0.95, 0.95),
+            row("ceiling-just-over", 1.0504, 1.05, at_least=False)]
+    monkeypatch.setattr(bench_text, "evaluate", lambda results: rows)
+
+    printed = {words[0]: words[1:] for words in map(str.split, bench_text.target_lines({}))
+               if words and words[0] in {r["name"] for r in rows}}
+    assert printed == {"just-under": ["0.94996", ">=", "0.95", "BELOW", "TARGET"],
+                       "just-over": ["0.95", ">=", "0.95", "ok"],
+                       "far-under": ["0.83", ">=", "0.9", "BELOW", "TARGET"],
+                       "on-it": ["0.95", ">=", "0.95", "ok"],
+                       "ceiling-just-over": ["1.0504", "<=", "1.05", "ABOVE", "TARGET"]}
+
+
 # -- the peers on the same work -------------------------------------------------
 
 def on_the_same_work(name: str, where: Path, app: Path) -> tuple[object, dict[str, str]]:
