@@ -69,6 +69,11 @@ def test_every_event_is_done_once_with_exact_money_through_worker_processes_and_
     assert scale_report.report(alone, judged)[0] == (
         f"make scale: {scale.FULL.sqlite_events if store == 'sqlite' else scale.FULL.pg_events:,} "
         f"{scale_report.NAMES[store]} events, this machine, 1000 s in all")
+    if store == "sqlite":  # ... and one whose PostgreSQL could not start has not measured them
+        skipped = {**alone, "postgres_skipped": "no server"}
+        judged = scale_report.verdicts(skipped)
+        assert judged["full run <= 15 min"] is None
+        assert "  not measured full run <= 15 min" in scale_report.report(skipped, judged)
     both = {**alone, "postgres": found, "sqlite": found}
     assert scale_report.verdicts(both)["full run <= 15 min"] is False
     assert scale_report.report(both, scale_report.verdicts(both))[0].startswith(
