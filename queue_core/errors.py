@@ -141,8 +141,10 @@ class UnusableFile(QueueError):
     (a reading command found no queue to read), ``hot_journal`` (a killed
     writer's journal must be rolled back, and this process may not write),
     ``migration_failed`` or ``migration_blocked`` (``migrate`` changed
-    nothing) or ``cannot_connect`` (a PostgreSQL server that cannot be
-    reached, or refuses the credentials).
+    nothing), ``cannot_connect`` (a PostgreSQL server that cannot be
+    reached, or refuses the credentials) or ``reserved_name`` (a new file
+    named as SQLite names the ``-wal``, ``-shm`` or ``-journal`` of another,
+    which the last connection to that other file would delete).
     """
 
     def __init__(self, code: str, message: str) -> None:

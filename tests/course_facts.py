@@ -382,7 +382,8 @@ CODE_LISTS = (
     CodeList(ROOT / "README.md", "Operational errors exit with 1",
              lambda c: c.unusable | (c.cli - {"misplaced_option", "unknown_option",
                                                "unknown_command", "unused_option",
-                                               "invalid_db", "unknown_id_rule"})
+                                               "invalid_db", "unknown_id_rule",
+                                               "invalid_category", "conflicting_option"})
              | {"integrity_violation"}),
 )
 

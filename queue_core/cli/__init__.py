@@ -14,7 +14,9 @@ with ``unknown_command:`` for a word where the command goes that is none, with
 the closest command, with ``unused_option:`` for ``--db``/``--now`` given to
 ``demo``, with ``invalid_seconds:``, ``invalid_count:`` or ``invalid_priority:``
 for an integer option that is not plain ASCII digits in its range, with ``unknown_id_rule:`` for an
-``--ids`` that is neither ``course`` nor ``general``, and with ``missing_option:``,
+``--ids`` that is neither ``course`` nor ``general``, with ``conflicting_option:`` for
+two different ``--ids``, with ``invalid_category:`` for an empty ``--accept``, and
+with ``missing_option:``,
 ``missing_value:`` or ``unexpected_argument:`` for argparse's own refusals;
 no option is taken abbreviated); 1 for
 an operational error (a file that is not the queue's, a missing queue file
@@ -86,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "queue-core --now 1000 enqueue data/demo.jsonl")
     enqueue.add_argument("file", metavar="FILE",
                          help="a JSONL file: one {\"event_id\", \"payload\"} object per line")
-    enqueue.add_argument("--ids", type=_rule, default=None, metavar="RULE",
+    enqueue.add_argument("--ids", type=_rule, default=None, metavar="RULE", action=_Once,
                          help="the rule a new queue's event ids follow, chosen once: course "
                               "(E and four digits, at most 10,000 events in a queue's life) "
                               "or general (1 to 128 ASCII letters, digits and _ . : -); "
@@ -101,9 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--lease-seconds", type=_positive, default=DEFAULT_LEASE_SECONDS,
                       metavar="S", help="how long each claim entitles this worker to finish "
                                         f"(default: {DEFAULT_LEASE_SECONDS})")
-    work.add_argument("--accept", nargs="+", default=[], metavar="CATEGORY",
-                      help="also accept these categories, as a newer handler would "
-                           "(default: only book, pen, bag)")
+    work.add_argument("--accept", nargs="+", action="extend", type=_category, default=[],
+                      metavar="CATEGORY",
+                      help="also accept these categories, as a newer handler would; "
+                           "given twice, both lists count (default: only book, pen, bag)")
     work.add_argument("--batch-size", type=_count, default=1, metavar="K",
                       help="claim and ACK up to K messages per transaction (default: 1)")
     work.add_argument("--max", type=_count, default=None, metavar="N", dest="max_messages",
@@ -373,8 +376,37 @@ def _rule(text: str) -> str:
     return text
 
 
+def _category(text: str) -> str:
+    """A category a handler accepts (``--accept``): not empty, as an effect's is
+    (the schema's ``category_named``)."""
+    if not text:
+        raise argparse.ArgumentTypeError("invalid_category: expected a category's name, "
+                                         "got an empty one")
+    return text
+
+
+class _Once(argparse.Action):
+    """An option that may be given twice only with the same value: ``--ids general
+    --ids course`` is refused rather than left to its last word (a queue's rule is
+    chosen once, for good)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != values:
+            raise argparse.ArgumentError(self, f"conflicting_option: given as {before} and "
+                                               f"as {values}; choose one")
+        setattr(namespace, self.dest, values)
+
+
 def _target(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("invalid_db: expected a file path or a postgresql:// "
                                          f"connection string, got {text!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the file system gave that are not UTF-8
+        raise argparse.ArgumentTypeError(f"invalid_db: {text!r} is not UTF-8 text; SQLite "
+                                         "names its files in UTF-8: rename the file or "
+                                         "its folder") from None
     return text

@@ -87,9 +87,12 @@ class PostgresStore:
 
     def describe(self) -> str:
         """Where the queue is, without the password."""
-        parts = urlsplit(self.target)
-        host = parts.hostname or "local socket"
-        port = f":{parts.port}" if parts.port else ""
+        try:
+            parts = urlsplit(self.target)
+            host = parts.hostname or "local socket"
+            port = f":{parts.port}" if parts.port else ""
+        except ValueError:  # a port that is no number, or a broken [IPv6] host
+            return "postgresql://(a connection string that is no valid URL)"
         return f"postgresql://{host}{port}{parts.path or '/'}"
 
     def connect(self, *, synchronous: str = "FULL", reading: bool = False) -> PgConnection:

@@ -26,9 +26,15 @@ from .turns import SQLITE_BUSY, TURN, data_version
 
 
 def connect(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> sqlite3.Connection:
-    """Open a connection in manual-transaction mode with the protocol's pragmas."""
-    conn = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_SECONDS,
-                           isolation_level=None)
+    """Open a connection in manual-transaction mode with the protocol's pragmas.
+
+    A path is a path: SQLite would read a name that starts with ``file:`` as a
+    URI (``file:new.db`` is ``new.db``, and ``?mode=...`` an option), where every
+    reading connection (``_connect_ro``) opens the file of that very name."""
+    name = os.fspath(path)
+    if name.startswith("file:"):
+        name = os.path.join(".", name)
+    conn = sqlite3.connect(name, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
     try:
         conn.execute("PRAGMA foreign_keys = ON")  # the first statement reads the schema
         conn.execute(f"PRAGMA synchronous = {synchronous}")

@@ -20,6 +20,8 @@ from .connection import (_connect_immutable, _connect_ro, connect, damaged, read
                          transaction)
 from .schema import META_TABLE, PAGE_SIZE, SCHEMA_VERSION, schema, statements
 
+# The endings of the files SQLite keeps beside a database file: no queue is created so.
+SIDE_FILES = ("-wal", "-shm", "-journal")
 # The first schema version that records its id rule; every file before it is a course queue.
 RULE_RECORDED = 3
 
@@ -34,8 +36,9 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True, ids: str = COU
     file is created, if ``create``. Anything else raises ``UnusableFile``:
     ``not_a_queue`` (another application's database), ``schema_too_new``
     (a later version of this package made it), ``not_a_database`` (not
-    SQLite, or truncated) or ``no_queue_file``. A created queue's event ids
-    follow the rule ``ids``.
+    SQLite, or truncated), ``no_queue_file``, or ``reserved_name`` (a new
+    file named as SQLite names the ``-wal``, ``-shm`` or ``-journal`` of
+    another). A created queue's event ids follow the rule ``ids``.
     """
     found = inspect(path)
     if found == "queue":
@@ -43,6 +46,12 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True, ids: str = COU
     if not create:
         raise UnusableFile("no_queue_file", f"{os.fspath(path)}: no queue here yet "
                            "(enqueue a batch to create one)")
+    if os.path.basename(os.fspath(path)).endswith(SIDE_FILES):
+        # SQLite would take it for the -wal (or -shm, -journal) of the file whose name
+        # it ends, and the last connection to that file would delete it
+        raise UnusableFile("reserved_name", f"{os.fspath(path)}: a name ending in -wal, -shm "
+                           "or -journal is SQLite's, for a file it keeps beside a database, and "
+                           "SQLite would delete this one: choose another name")
     _create(path, ids)
     return schema_version(path)
 
