@@ -136,8 +136,8 @@ def test_a_path_that_starts_with_file_is_the_file_of_that_name_for_every_command
     assert sorted(os.listdir(scratch)) == ["demo.jsonl", "file:new.sqlite3?mode=rwc"]
 
 
-@pytest.mark.parametrize("dsn", ["postgresql://user:secret@h:notaport/db",
-                                 "postgresql://user:secret@127.0.0.1:99999/db",
+@pytest.mark.parametrize("dsn", ["postgresql://USER:PASSWORD@h:notaport/db",
+                                 "postgresql://USER:PASSWORD@127.0.0.1:99999/db",
                                  "postgresql://[::1"])
 def test_a_connection_string_that_is_no_valid_url_is_one_line_without_its_password(
         scratch: Path, dsn: str) -> None:
@@ -147,7 +147,7 @@ def test_a_connection_string_that_is_no_valid_url_is_one_line_without_its_passwo
     line = refusal(refused)
     assert line.startswith("error: ") and len(refused.stderr.strip().splitlines()) == 1
     assert "postgresql://(a connection string that is no valid URL)" in line
-    assert "secret" not in line
+    assert "PASSWORD" not in line
     assert sorted(os.listdir(scratch)) == ["demo.jsonl"]
 
 
