@@ -143,8 +143,9 @@ class UnusableFile(QueueError):
     ``migration_failed`` or ``migration_blocked`` (``migrate`` changed
     nothing), ``cannot_connect`` (a PostgreSQL server that cannot be
     reached, or refuses the credentials) or ``reserved_name`` (a new file
-    named as SQLite names the ``-wal``, ``-shm`` or ``-journal`` of another,
-    which the last connection to that other file would delete).
+    whose name ends in ``-wal``, ``-shm`` or ``-journal``, as SQLite names
+    the files it keeps beside a database: the last connection to a database
+    of the shorter name would delete it).
     """
 
     def __init__(self, code: str, message: str) -> None:

@@ -26,15 +26,17 @@ class Handler:
 
     def __init__(self, categories: Iterable[str] = DEFAULT_CATEGORIES) -> None:
         self.categories = frozenset(categories)
-        # An effect's category is never empty (the schema's ``category_named``): a
-        # handler that accepted one would have each such message's ACK refused by the
-        # database, and stop the worker, instead of dead-lettering it.
-        bad = sorted(repr(c) for c in self.categories if not isinstance(c, str) or not c)
-        if bad:
-            raise ValueError(f"a category is a name, a non-empty string; got {', '.join(bad)}")
 
     def supporting(self, *categories: str) -> "Handler":
-        """Return a newer handler that also accepts ``categories``."""
+        """Return a newer handler that also accepts ``categories``: names, each a
+        non-empty string (``ValueError`` otherwise). An effect's category is never
+        empty (the schema's ``category_named``): a handler that accepted one would
+        have each such message's ACK refused by the database, stopping the worker,
+        instead of dead-lettering the message."""
+        bad = sorted(repr(c) for c in categories if not isinstance(c, str) or not c)
+        if bad:
+            raise ValueError(f"a category is a name, a non-empty string; got {', '.join(bad)}: "
+                             "leave it out, or name the category")
         return type(self)(self.categories | frozenset(categories))
 
     def effect_of(self, payload: Any) -> Effect:

@@ -15,8 +15,9 @@ the closest command, with ``unused_option:`` for ``--db``/``--now`` given to
 ``demo``, with ``invalid_seconds:``, ``invalid_count:`` or ``invalid_priority:``
 for an integer option that is not plain ASCII digits in its range, with ``unknown_id_rule:`` for an
 ``--ids`` that is neither ``course`` nor ``general``, with ``conflicting_option:`` for
-two different ``--ids``, with ``invalid_category:`` for an empty ``--accept``, and
-with ``missing_option:``,
+two different ``--ids``, with ``invalid_category:`` for an empty ``--accept``, with
+``invalid_db:`` for a ``--db`` that is blank, not UTF-8, or a ``postgresql://`` string
+that is no URL, and with ``missing_option:``,
 ``missing_value:`` or ``unexpected_argument:`` for argparse's own refusals;
 no option is taken abbreviated); 1 for
 an operational error (a file that is not the queue's, a missing queue file
@@ -40,6 +41,7 @@ import re
 import signal
 import sys
 from typing import Any, NoReturn, Sequence
+from urllib.parse import urlsplit
 
 from .. import __version__
 
@@ -381,7 +383,7 @@ def _category(text: str) -> str:
     (the schema's ``category_named``)."""
     if not text:
         raise argparse.ArgumentTypeError("invalid_category: expected a category's name, "
-                                         "got an empty one")
+                                         "got an empty one: leave it out, or name the category")
     return text
 
 
@@ -406,7 +408,15 @@ def _target(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # bytes the file system gave that are not UTF-8
-        raise argparse.ArgumentTypeError(f"invalid_db: {text!r} is not UTF-8 text; SQLite "
-                                         "names its files in UTF-8: rename the file or "
-                                         "its folder") from None
+        raise argparse.ArgumentTypeError(f"invalid_db: {text!r} is not UTF-8 text, and SQLite "
+                                         "names its files in UTF-8: give a path whose every "
+                                         "name is UTF-8 (rename the one that is not)") from None
+    if text.startswith(("postgresql://", "postgres://")):  # ``sqlite.is_connection_string``
+        try:
+            urlsplit(text).port  # a port that is no number, or out of range; a broken [host]
+        except ValueError as broken:
+            # Said without the string itself: it may hold a password.
+            raise argparse.ArgumentTypeError(
+                f"invalid_db: the connection string is not a valid URL ({broken}); write it "
+                "as postgresql://USER:PASSWORD@HOST:PORT/DATABASE") from None
     return text

@@ -92,7 +92,7 @@ class PostgresStore:
             host = parts.hostname or "local socket"
             port = f":{parts.port}" if parts.port else ""
         except ValueError:  # a port that is no number, or a broken [IPv6] host
-            return "postgresql://(a connection string that is no valid URL)"
+            return "postgresql://(a connection string that is not a valid URL)"
         return f"postgresql://{host}{port}{parts.path or '/'}"
 
     def connect(self, *, synchronous: str = "FULL", reading: bool = False) -> PgConnection:

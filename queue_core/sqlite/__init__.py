@@ -13,8 +13,10 @@ else in the package says ``BEGIN``.
 A queue file carries a mark: ``PRAGMA application_id`` and the schema
 version in ``PRAGMA user_version``. ``prepare`` reads a file's header
 before anything is written (the switch to WAL included) and accepts only a
-missing or empty file, to create, or a file with the queue's own mark: a
-file of another application is left byte for byte as it was.
+missing or empty file, to create (under a name that does not end in
+``-wal``, ``-shm`` or ``-journal``, as SQLite names the files it keeps
+beside a database), or a file with the queue's own mark: a file of another
+application is left byte for byte as it was.
 
 ``schema`` holds the schema text, ``connection`` connections and
 transactions, ``files`` the reads that leave nothing behind, ``identity``

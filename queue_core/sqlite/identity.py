@@ -3,8 +3,10 @@
 A queue file carries a mark: ``PRAGMA application_id`` and the schema
 version in ``PRAGMA user_version``. ``prepare`` reads a file's header
 before anything is written (the switch to WAL included) and accepts only a
-missing or empty file, to create, or a file with the queue's own mark: a
-file of another application is left byte for byte as it was.
+missing or empty file, to create (under a name that does not end in
+``-wal``, ``-shm`` or ``-journal``, as SQLite names the files it keeps
+beside a database), or a file with the queue's own mark: a file of another
+application is left byte for byte as it was.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True, ids: str = COU
     if os.path.basename(os.fspath(path)).endswith(SIDE_FILES):
         # SQLite would take it for the -wal (or -shm, -journal) of the file whose name
         # it ends, and the last connection to that file would delete it
-        raise UnusableFile("reserved_name", f"{os.fspath(path)}: a name ending in -wal, -shm "
-                           "or -journal is SQLite's, for a file it keeps beside a database, and "
-                           "SQLite would delete this one: choose another name")
+        raise UnusableFile("reserved_name", f"{os.fspath(path)}: SQLite names the files it "
+                           "keeps beside a database with -wal, -shm or -journal after the "
+                           "database's name, and would take a queue named so for one of them "
+                           "and delete it: choose a name that does not end so")
     _create(path, ids)
     return schema_version(path)
 

@@ -25,7 +25,7 @@ workers made 0.90 to 1.06 of one worker's rate in five runs of
 same day (those runs were taken before ``WAIT_SECONDS`` existed and before
 a turn that comes while a worker goes on without one was taken; both act
 only when a holder commits nothing for ``IDLE_SECONDS`` or a waiter has
-waited ``WAIT_SECONDS``), and 0.94 to 1.00 in five runs of the code as it
+waited ``WAIT_SECONDS``), and 0.92 to 1.00 in seven runs of the code as it
 is, taken later the same day (README gives the runs).
 
 Why the ``-wal`` and not the database file: SQLite's unix VFS holds its own

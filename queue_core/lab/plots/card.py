@@ -89,8 +89,8 @@ ROWS: dict[str, Row] = {
         (("UnusableFile", ("not_a_queue", "schema_too_new", "not_a_database", "no_queue_file",
                            "reserved_name")),
          ("IdRuleDiffers", ("id_rule_differs",))),
-        "`no_queue_file` only with `create=False`; `reserved_name` for a new file named as "
-        "SQLite names another's `-wal`; `id_rule_differs` when `ids` is not the "
+        "`no_queue_file` only with `create=False`; `reserved_name` for a new file whose name "
+        "ends in `-wal`, `-shm` or `-journal`; `id_rule_differs` when `ids` is not the "
         "queue's own rule; `ValueError` for a lease or budget below 1"),
     "enqueue": Row(
         "the whole batch in one write", "each id under the queue's rule (`id_rule`); a known id "
