@@ -18,7 +18,7 @@ try:
 except ImportError:  # not a POSIX system: no file locks of an open file's own
     fcntl = None  # type: ignore[assignment]
 from .connection import _connect_immutable, _connect_ro, damaged, read_transaction
-from .schema import BUSY_TIMEOUT_SECONDS
+from .schema import BUSY_TIMEOUT_SECONDS, SIDE_FILES
 
 T = TypeVar("T")
 
@@ -191,7 +191,7 @@ def unwritable(path: str | os.PathLike[str]) -> OSError | None:
     folder = os.path.dirname(name)
     needed = [(name, os.R_OK | os.W_OK)] if os.path.exists(name) else []
     needed.append((folder, os.W_OK | os.X_OK))
-    needed += [(f"{name}{suffix}", os.R_OK | os.W_OK) for suffix in ("-wal", "-shm", "-journal")
+    needed += [(f"{name}{suffix}", os.R_OK | os.W_OK) for suffix in SIDE_FILES
                if os.path.exists(f"{name}{suffix}")]
     for target, mode in needed:
         # another process's last connection may remove its -wal or -shm meanwhile

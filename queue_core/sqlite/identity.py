@@ -20,10 +20,8 @@ from ..ids import COURSE
 from ..marks import APPLICATION_ID, no_such_version, too_new
 from .connection import (_connect_immutable, _connect_ro, connect, damaged, read_transaction,
                          transaction)
-from .schema import META_TABLE, PAGE_SIZE, SCHEMA_VERSION, schema, statements
+from .schema import META_TABLE, PAGE_SIZE, SCHEMA_VERSION, SIDE_FILES, schema, statements
 
-# The endings of the files SQLite keeps beside a database file: no queue is created so.
-SIDE_FILES = ("-wal", "-shm", "-journal")
 # The first schema version that records its id rule; every file before it is a course queue.
 RULE_RECORDED = 3
 
@@ -48,7 +46,7 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True, ids: str = COU
     if not create:
         raise UnusableFile("no_queue_file", f"{os.fspath(path)}: no queue here yet "
                            "(enqueue a batch to create one)")
-    if os.path.basename(os.fspath(path)).endswith(SIDE_FILES):
+    if os.path.basename(os.fspath(path)).endswith(SIDE_FILES):  # no queue is named so
         # SQLite would take it for the -wal (or -shm, -journal) of the file whose name
         # it ends, and the last connection to that file would delete it
         raise UnusableFile("reserved_name", f"{os.fspath(path)}: SQLite names the files it "

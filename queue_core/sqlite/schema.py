@@ -20,6 +20,8 @@ PAGE_SIZE = 1024
 # rewrites every page the WAL holds: keep the default's 4 MB between them.
 CHECKPOINT_PAGES = 4 * 1024 * 1024 // PAGE_SIZE
 BUSY_TIMEOUT_SECONDS = 30.0
+# The endings of the files SQLite keeps beside a database file, after its name.
+SIDE_FILES = ("-wal", "-shm", "-journal")
 # A writer that finds the write lock taken asks again this often, and lets at most
 # this many asks pass while the holder keeps committing (``connection.begin_immediate``).
 LOCK_POLL_SECONDS = 0.001
