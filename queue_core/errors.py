@@ -145,7 +145,8 @@ class UnusableFile(QueueError):
     reached, or refuses the credentials) or ``reserved_name`` (a new file
     whose name ends in ``-wal``, ``-shm`` or ``-journal``, as SQLite names
     the files it keeps beside a database: the last connection to a database
-    of the shorter name would delete it).
+    of the shorter name would delete it; or a database already beside the
+    file under such a name, which SQLite would overwrite).
     """
 
     def __init__(self, code: str, message: str) -> None:

@@ -1,5 +1,6 @@
 """A learner's mistakes on the command line. Those that cannot mean anything (two id
-rules, an empty category, a name SQLite keeps for its own files, a connection string
+rules, an empty category, a name SQLite keeps for its own files, or a database under
+such a name beside the queue, a connection string
 that is no URL, a path that is not UTF-8) are refused in one line with a stable code,
 the folder and every file in it left as they were; those that can (``--accept`` given
 twice, a path that starts with ``file:``) do what they say."""
@@ -122,6 +123,51 @@ def test_no_queue_is_made_under_a_name_sqlite_keeps_for_the_files_beside_another
         Queue(scratch / f"other.sqlite3{ending}")
     assert raised.value.code == "reserved_name"
     assert folder(scratch) == before
+
+
+@pytest.mark.parametrize("ending", ["-wal", "-shm", "-journal"])
+def test_a_database_beside_the_queue_under_a_side_files_name_is_refused_and_kept(
+        scratch: Path, ending: str) -> None:
+    # A release before the names were reserved made a queue as queue.sqlite3-wal; then
+    # a status of queue.sqlite3 deleted it with its messages (SQLite took it for the
+    # -wal, found no WAL in it, and removed it on closing), and a -shm was overwritten.
+    from queue_core import audit
+    db = ["--now", "1000"]
+    assert run(scratch, *db, "--db", "other.sqlite3", "enqueue", "demo.jsonl").returncode == 0
+    assert run(scratch, *db, "enqueue", "demo.jsonl").returncode == 0
+    os.rename(scratch / "other.sqlite3", scratch / f"queue.sqlite3{ending}")
+    os.rename(scratch / "demo.jsonl", scratch / "batch.jsonl")  # a name no side file ends
+    before = folder(scratch)
+    why = (f"error: reserved_name: {{db}}: {{db}}{ending} beside it is a SQLite database of "
+           "its own (a queue an earlier release made under that name, say), which SQLite "
+           f"would take for the {ending} file of {{db}}, overwrite and delete: move it, and "
+           "any -wal and -shm of its own, to a name that does not end in -wal, -shm or "
+           "-journal, then run this again")
+
+    for command in (["status"], ["metrics", "--json"], ["work"], ["redrive", "E0004"],
+                    ["prune", "--older-than", "0"], ["migrate"], ["enqueue", "batch.jsonl"]):
+        refused = run(scratch, *db, *command)
+        assert refused.returncode == 1, command
+        assert refusal(refused) == why.format(db="queue.sqlite3"), command
+        assert folder(scratch) == before, command
+    for opening in (lambda: Queue(scratch / "queue.sqlite3"),
+                    lambda: audit.findings(scratch / "queue.sqlite3")):
+        with pytest.raises(UnusableFile) as raised:
+            opening()
+        assert raised.value.code == "reserved_name"
+        assert folder(scratch) == before
+    # nor is a new queue made beside one
+    os.rename(scratch / f"queue.sqlite3{ending}", scratch / f"new.sqlite3{ending}")
+    made = run(scratch, *db, "--db", "new.sqlite3", "enqueue", "batch.jsonl")
+    assert (made.returncode, refusal(made)) == (1, why.format(db="new.sqlite3"))
+    assert "new.sqlite3" not in os.listdir(scratch)
+
+    # moved to a name of its own, it is the queue it was, and so is the other
+    os.rename(scratch / f"new.sqlite3{ending}", scratch / "other.sqlite3")
+    for name in ("queue.sqlite3", "other.sqlite3"):
+        status = Queue(scratch / name).status()
+        assert (status.states["ready"], status.total) == (4, 0)
+        assert audit.findings(scratch / name) == []
 
 
 def test_a_path_that_starts_with_file_is_the_file_of_that_name_for_every_command(

@@ -18,6 +18,7 @@ try:
 except ImportError:  # not a POSIX system: no file locks of an open file's own
     fcntl = None  # type: ignore[assignment]
 from .connection import _connect_immutable, _connect_ro, damaged, read_transaction
+from .identity import refuse_databases_beside
 from .schema import BUSY_TIMEOUT_SECONDS, SIDE_FILES
 
 T = TypeVar("T")
@@ -239,12 +240,15 @@ def roll_back_hot_journal(path: str | os.PathLike[str]) -> None:
     from the folder. SQLite does not ask first: where it may write the file
     but not delete the journal, it copies the pages back, then fails
     (``disk I/O error``) and leaves the journal hot; where it may not write
-    the journal, it fails (``unable to open database file``). So this
-    process's permissions are asked first: where it may not do all of it,
+    the journal, it fails (``unable to open database file``). A database
+    under the name of a side file is refused first (``reserved_name``,
+    ``identity.refuse_databases_beside``). Then this process's permissions
+    are asked: where it may not do all of it,
     ``UnusableFile("hot_journal")`` says what to run, and not a byte is
     touched. Without a ``-journal`` file beside an existing file there is
     nothing to do.
     """
+    refuse_databases_beside(path)  # before any connection: it would overwrite them
     name = Path(path).resolve().as_posix()
     journal = f"{name}-journal"
     if not (os.path.isfile(name) and os.path.exists(journal)):

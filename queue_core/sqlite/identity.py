@@ -38,7 +38,9 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True, ids: str = COU
     (a later version of this package made it), ``not_a_database`` (not
     SQLite, or truncated), ``no_queue_file``, or ``reserved_name`` (a new
     file named as SQLite names the ``-wal``, ``-shm`` or ``-journal`` of
-    another). A created queue's event ids follow the rule ``ids``.
+    another, or a database under one of those names beside ``path``:
+    ``refuse_databases_beside``). A created queue's event ids follow the
+    rule ``ids``.
     """
     found = inspect(path)
     if found == "queue":
@@ -55,6 +57,36 @@ def prepare(path: str | os.PathLike[str], *, create: bool = True, ids: str = COU
                            "and delete it: choose a name that does not end so")
     _create(path, ids)
     return schema_version(path)
+
+
+_DATABASE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database
+
+
+def refuse_databases_beside(path: str | os.PathLike[str]) -> None:
+    """Refuse (``reserved_name``) the file ``path`` if a SQLite database sits beside
+    it under the name of one of its side files (``-wal``, ``-shm``, ``-journal``),
+    before any connection to ``path`` opens: SQLite would take that database for
+    the side file of ``path``, overwrite it and delete it. Releases before the
+    names were reserved made queues under such names (``queue.sqlite3-wal``).
+    None of SQLite's own side files starts as a database does (a WAL, its
+    index and a rollback journal each have a header of their own), so nothing
+    SQLite left there is refused. Reads the first bytes of each; writes nothing."""
+    name = os.path.realpath(path)  # SQLite keeps the side files beside the file itself
+    for suffix in SIDE_FILES:
+        try:
+            with open(name + suffix, "rb") as side:
+                head = side.read(len(_DATABASE_HEADER))
+        except OSError:  # none there (or unreadable: SQLite could not use it either)
+            continue
+        if head == _DATABASE_HEADER:
+            beside = os.path.basename(name + suffix)
+            raise UnusableFile("reserved_name", f"{os.fspath(path)}: {beside} beside it is "
+                               "a SQLite database of its own (a queue an earlier release "
+                               "made under that name, say), which SQLite would take for the "
+                               f"{suffix} file of {os.path.basename(name)}, overwrite and "
+                               "delete: move it, and any -wal and -shm of its own, to a name "
+                               "that does not end in -wal, -shm or -journal, then run this "
+                               "again")
 
 
 def id_rule(conn: sqlite3.Connection, version: int) -> str:
@@ -93,6 +125,7 @@ def inspect(path: str | os.PathLike[str]) -> str:
     anything at all.
     """
     name = os.fspath(path)
+    refuse_databases_beside(name)
     try:
         with open(name, "rb") as file:
             header = file.read(100)

@@ -90,8 +90,9 @@ ROWS: dict[str, Row] = {
                            "reserved_name")),
          ("IdRuleDiffers", ("id_rule_differs",))),
         "`no_queue_file` only with `create=False`; `reserved_name` for a new file whose name "
-        "ends in `-wal`, `-shm` or `-journal`; `id_rule_differs` when `ids` is not the "
-        "queue's own rule; `ValueError` for a lease or budget below 1"),
+        "ends in `-wal`, `-shm` or `-journal`, or a database beside the file under such a "
+        "name; `id_rule_differs` when `ids` is not the queue's own rule; `ValueError` for a "
+        "lease or budget below 1"),
     "enqueue": Row(
         "the whole batch in one write", "each id under the queue's rule (`id_rule`); a known id "
         "must come with the same canonical payload",
