@@ -218,6 +218,24 @@ def test_a_queue_opened_on_a_connection_string_that_is_no_url_names_it_without_t
         "postgresql://(a connection string that is not a valid URL)"
 
 
+@pytest.mark.parametrize(("dsn", "said"), [
+    (LEARNER + "@[::1/db", "postgresql://(a connection string that is not a valid URL): end of "
+     "string reached when looking for matching \"]\" in IPv6 host address in URI: \"(the "
+     "connection string)\""),
+    (LEARNER + "@h/db?foo=bar", "postgresql://h/db: invalid URI query parameter: \"foo\"")])
+def test_a_connection_string_libpq_cannot_parse_is_refused_without_its_password(
+        scratch: Path, dsn: str, said: str) -> None:
+    # Through the API the first raised psycopg's own error, which quoted the string,
+    # password and all; the second did so on the command line too, as a database_error.
+    with pytest.raises(UnusableFile) as raised:
+        Queue(dsn)
+    assert (raised.value.code, str(raised.value)) == ("cannot_connect", said)
+    if "?" in dsn:  # a URL, so the command line hands it on to libpq
+        refused = run(scratch, "--db", dsn, "status")
+        assert (refused.returncode, refusal(refused)) == (1, f"error: cannot_connect: {said}")
+        assert "tiger-lily" not in refused.stderr
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="a file name of bytes that are not UTF-8 "
                     "is a Linux file system's (macOS refuses to create one)")
 def test_a_path_that_is_not_utf8_is_refused_and_no_file_is_made(scratch: Path) -> None:

@@ -100,8 +100,8 @@ class PostgresStore:
         the server's WAL flush at commit (``synchronous_commit = off``).
         ``reading``: a read-only connection without the transaction limits
         (``session.READING_SETTINGS``)."""
-        given = given_options(self.target)
         try:
+            given = given_options(self.target)  # libpq's parser: a malformed string fails here
             raw = psycopg.connect(self.target, autocommit=True,
                                   connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                   options=session_options(given, reading=reading),
@@ -115,8 +115,9 @@ class PostgresStore:
                 for setting in settings:
                     raw.execute(f"SET {setting}")
         except psycopg.Error as exc:
-            raise UnusableFile("cannot_connect", f"{self.describe()}: "
-                               f"{one_line(exc)}") from None
+            # libpq quotes a string it cannot parse whole, password and all
+            said = one_line(exc).replace(self.target, "(the connection string)")
+            raise UnusableFile("cannot_connect", f"{self.describe()}: {said}") from None
         return PgConnection(raw, self.describe())
 
     def connect_readonly(self) -> PgConnection:
