@@ -68,12 +68,14 @@ def wait_bound(priority: int, ahead: int, urgent_per_second: float, rate: float)
     """The longest a message of ``priority`` can wait once it is due, in seconds.
 
     ``ahead`` messages are keyed before it when it becomes due, at ``t``;
-    after that, only messages of a higher priority that become due from ``t``
-    to ``t + (HIGHEST - priority) * 60`` can still overtake it: the window's
-    whole seconds of the model clock, both ends included (at its last second
-    an urgent message's key equals this one's, and the event ids decide), at
-    most ``urgent_per_second`` of them in each, in the worst case all of the
-    highest priority. The workers finish ``rate`` messages a second. Once
+    after that, only messages that become due from ``t`` to ``t + (HIGHEST -
+    priority) * 60`` can still overtake it: those of a higher priority, and in
+    the second ``t`` itself those of its own priority with a smaller event id
+    (equal keys: the event ids decide). The window's whole seconds of the
+    model clock count, both ends included (at its last second a message of
+    the highest priority has this one's key), at most ``urgent_per_second``
+    of them in each (every message that can overtake, not only the most
+    urgent), in the worst case all of the highest priority. The workers finish ``rate`` messages a second. Once
     that window has closed, nothing new can go before it, so the wait is at
     most the time to finish what is ahead of it (a retry that becomes due
     again in the window counts as one more arrival). Bounded for every load:

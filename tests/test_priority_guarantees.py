@@ -187,6 +187,31 @@ def test_an_urgent_message_due_exactly_the_window_later_ties_and_the_bound_count
     assert audit.check(snap) == [] and snap.money == 541 * URGENT_CENTS + BULK_CENTS
 
 
+def test_one_of_its_own_priority_overtakes_only_in_the_second_it_became_due_and_is_counted(
+        tmp_path: Path) -> None:
+    # E0009 (priority 9, nothing above it) is due at 1000. E0001, of the same priority, is
+    # enqueued later in that same second: equal keys, and its smaller id goes first. E0000,
+    # a second later, has a later key and does not. A bound that counted only higher
+    # priorities would be 0 s here; wait_bound counts the window's one second.
+    clock = ModelClock(1000)
+    queue = Queue(tmp_path / "same.sqlite3", clock=clock, synchronous="NORMAL")
+    queue.enqueue_jsonl(line("E0009", URGENT_CENTS), priority=URGENT)
+    queue.enqueue_jsonl(line("E0001", URGENT_CENTS), priority=URGENT)
+    claimed = []
+    with queue.session():
+        for second in (1000, 1001, 1002):
+            clock.set(second)
+            if second == 1001:
+                queue.enqueue_jsonl(line("E0000", URGENT_CENTS), priority=URGENT)
+            lease = queue.claim()
+            claimed.append((second, lease.event_id))
+            queue.complete(lease, Handler())
+    assert claimed == [(1000, "E0001"), (1001, "E0009"), (1002, "E0000")]
+    assert 1001 - 1000 == wait_bound(URGENT, 0, 1, 1) == 1
+    snap = audit.snapshot(queue.path)
+    assert audit.check(snap) == [] and snap.money == 3 * URGENT_CENTS
+
+
 def test_the_same_stream_under_strict_priority_never_claims_a_bulk_message(load: Load) -> None:
     urgent_per_second = load.urgent_per_second
 
