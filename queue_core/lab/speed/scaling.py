@@ -169,7 +169,21 @@ def describe_curve(points: Sequence[CurvePoint]) -> str:
                     f"rate {trend(first.run.per_second, last.run.per_second)} "
                     f"(x{step(first.run.per_second, last.run.per_second):.2f}), so the share "
                     f"of raw commits it kept went from {first.vs_raw:.2f} to "
-                    f"{last.vs_raw:.2f}.")
+                    f"{last.vs_raw:.2f}"
+                    + ("" if len(mine) < 3 else " (" + ", ".join(
+                        f"{p.vs_raw:.2f}" for p in mine) + " at " + ", ".join(
+                        str(p.run.workers) for p in mine) + " workers)") + ".")
+        fell = [(a, b) for a, b in zip(mine, mine[1:])
+                if trend(a.raw_per_second, b.raw_per_second) == "fell"]
+        if fell:  # more clients let the server flush more commits together, not fewer
+            a, b = fell[0]
+            said.append(f"  But the raw commits fell from {a.run.workers} to {b.run.workers} "
+                        f"clients ({a.raw_per_second:,.0f} to {b.raw_per_second:,.0f} a "
+                        "second), although more clients let the server flush more commits "
+                        "together: their short samples, taken after the queue's runs, moved "
+                        "with what else the machine did, so in this run the shares say more "
+                        "about that baseline than about the queue (make scale times longer "
+                        "samples just before and after each phase).")
     exact = all(p.run.exactly_once for p in points)
     verdict = "each event done exactly once, money exact" if exact else "FAILED"
     said.append(f"Audit of every run: {verdict} ({sum(p.run.events for p in points):,} events "
