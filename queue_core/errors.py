@@ -55,12 +55,16 @@ class LeaseLost(QueueError):
     ``code`` is one of ``stale_generation`` (someone claimed the message
     after this lease was granted, or it was redriven), ``lease_expired``
     (the deadline passed) or ``not_leased`` (the message is no longer
-    leased at all).
+    leased at all). ``stored_state`` and ``stored_generation`` are the
+    message's as the refusal read them (``None`` where nothing was read).
     """
 
-    def __init__(self, code: str, message: str, *, event_id: str) -> None:
+    def __init__(self, code: str, message: str, *, event_id: str,
+                 stored_state: str | None = None, stored_generation: int | None = None) -> None:
         super().__init__(message, code=code)
         self.event_id = event_id
+        self.stored_state = stored_state
+        self.stored_generation = stored_generation
 
 
 class NotRedrivable(QueueError):

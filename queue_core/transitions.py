@@ -155,17 +155,17 @@ def check_fence(lease: Lease, row: tuple[Any, ...] | None, now: int) -> str:
     if row is None:
         raise UnknownEvent(f"no message {lease.event_id}")
     state, generation, lease_until, payload = row[:4]
+    stored = {"event_id": lease.event_id, "stored_state": str(state),
+              "stored_generation": int(generation)}
     if generation != lease.generation:
         raise LeaseLost("stale_generation",
                         f"{lease.event_id}: lease generation {lease.generation}, "
-                        f"stored generation {generation}", event_id=lease.event_id)
+                        f"stored generation {generation}", **stored)
     if state != State.LEASED:
-        raise LeaseLost("not_leased", f"{lease.event_id} is {state}, not leased",
-                        event_id=lease.event_id)
+        raise LeaseLost("not_leased", f"{lease.event_id} is {state}, not leased", **stored)
     if lease_until <= now:
         raise LeaseLost("lease_expired",
-                        f"{lease.event_id}: lease ended at {lease_until}, now is {now}",
-                        event_id=lease.event_id)
+                        f"{lease.event_id}: lease ended at {lease_until}, now is {now}", **stored)
     return str(payload)
 
 

@@ -201,6 +201,42 @@ def test_exercise_4_the_stalled_worker_fenced_before_and_after_a_redrive_is_solv
     assert figures(queue.path) == (3000, 1, {"done": 1})
 
 
+def test_exercise_4_both_refusals_on_one_side_of_the_redrive_are_not_quite(
+        tmp_path: Path, capsys) -> None:
+    # Both taken before the redrive (each read generation 2), or both after W3's claim
+    # (generation 3): the money is right, and "also after a redrive" was never shown.
+    handler = Handler()
+    (tmp_path / "early").mkdir()
+    (tmp_path / "late").mkdir()
+    early = exercises.start_4(tmp_path / "early")
+    w1, first = stall_then_dead(early, handler)
+    second = (w1, refused(lambda: early.complete(w1, handler)))
+    early.redrive("E0004")
+    newer = handler.supporting("toy")
+    early.complete(early.claim(), newer)
+
+    late = exercises.start_4(tmp_path / "late")
+    w1 = late.claim()
+    late.clock.advance(2)  # type: ignore[attr-defined]
+    finish(late, late.claim(), handler)
+    late.redrive("E0004")
+    w3 = late.claim()
+    one, two = (w1, refused(lambda: late.complete(w1, newer))), \
+        (w1, refused(lambda: late.complete(w1, newer)))
+    late.complete(w3, newer)
+
+    verdict = exercises.check_4(early, first, second)
+    assert verdict.status == NOT_QUITE
+    assert "after the redrive: that refusal was taken before the redrive (E0004 was dead, " \
+           "generation 2, when it came)" in one_verdict(capsys, verdict)
+    verdict = exercises.check_4(late, one, two)
+    assert verdict.status == NOT_QUITE
+    assert "before the redrive: that refusal was taken after the redrive (E0004 was leased, " \
+           "generation 3, when it came)" in one_verdict(capsys, verdict)
+    for queue in (early, late):
+        assert figures(queue.path) == (3000, 1, {"done": 1})
+
+
 def test_exercise_4_played_with_batch_claims_and_acks_is_solved_too(tmp_path: Path) -> None:
     """EXERCISES.md, going further: claim_batch and complete_batch, whose refusals
     come back in the result list instead of being raised."""

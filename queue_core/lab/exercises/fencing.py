@@ -6,6 +6,10 @@ learner's queue says what happened to that lease: its claim must be there
 (a lease from another queue is not this story), a later claim must have
 noticed it expired (the worker stalled; it did not finish or fail the
 message itself), and for the second pair a redrive must follow its claim.
+Each refusal must come from its side of the redrive, judged by what it read
+of the message (``LeaseLost.stored_state`` and ``stored_generation``):
+before it, W2's or dead at the redrive's generation; after it, a later
+generation, once W3 has claimed.
 The refusal must have been raised by a call on the learner's queue: its
 traceback names that queue (``verdicts.raised_by``), which a
 refusal built by hand, or raised by another exercise's queue, cannot.
@@ -93,12 +97,33 @@ def _pair(label: str, part: Any, world: Snapshot, path: str, found: Findings) ->
             and stored.generation <= lease.generation:  # only a hand edit lowers it
         found.add(f"{label}: generation of {lease.event_id} expected above the stalled lease's "
                   f"{lease.generation}, found {stored.generation}")
-    if label == _AFTER and len(found.wrong) == already \
-            and not any(t.reason == "redrive" and t.seq > claim.seq for t in history):
+    redrive = next((t for t in history if t.reason == "redrive" and t.seq > claim.seq), None)
+    if label == _AFTER and len(found.wrong) == already and redrive is None:
         found.add(f"{label}: expected a redrive of {lease.event_id} after W{lease.generation}'s "
                   "claim, found none", "add toy support, then `q4.redrive(\"E0004\")`, W3's "
                   "claim, and W1's ACK once more (Hint 3)")
+    if len(found.wrong) == already and redrive is not None:
+        _when(label, lease, part[1], redrive, found)
     return lease
+
+
+def _when(label: str, lease: Lease, error: Any, redrive: Transition, found: Findings) -> None:
+    """Add it if the refusal was not taken on its side of the redrive, judged by what it
+    read of the message: before it, the message was W2's or dead, at the redrive's
+    generation; after it (and W3's claim), at a later one."""
+    state = getattr(error, "stored_state", None)
+    generation = getattr(error, "stored_generation", None)
+    if state is None or generation is None:
+        return  # a refusal that read nothing (an Effect, or another code: said already)
+    seen = f"{lease.event_id} was {state}, generation {generation}, when it came"
+    before = state != "ready" and generation <= redrive.generation
+    if label == _BEFORE and not before:
+        found.add(f"{label}: that refusal was taken after the redrive ({seen})",
+                  "keep the refusal of W1's first late ACK, tried while W2 held E0004 or "
+                  "after it went dead, before `q4.redrive(\"E0004\")`: " + _KEEP[_BEFORE])
+    elif label == _AFTER and generation <= redrive.generation:
+        when = "before the redrive" if before else "after the redrive, but before W3 claimed it"
+        found.add(f"{label}: that refusal was taken {when} ({seen})", _KEEP[_AFTER])
 
 
 def _lease_of(label: str, part: Any, found: Findings) -> Lease | None:
