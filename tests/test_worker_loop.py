@@ -91,6 +91,19 @@ def test_a_cap_that_is_not_a_count_is_a_value_error_before_any_claim(
     assert ledger(db_path) == expect(total=0, effects=0, ready=5)
 
 
+@pytest.mark.parametrize("size", [0, -1, True, 1.5, "2"])
+def test_a_batch_size_that_is_not_a_positive_count_is_named_before_any_claim(
+        queue: Queue, handler: Handler, db_path: Path, size: object) -> None:
+    # 0 was refused by claim_batch, as "limit must be a positive integer", a name the
+    # caller never gave; True ran one message at a time
+    queue.enqueue_jsonl(FIVE)
+
+    with pytest.raises(ValueError, match=f"^batch_size must be a positive integer, got {size!r}$"):
+        drain(queue, handler, batch_size=size)  # type: ignore[arg-type]
+
+    assert ledger(db_path) == expect(total=0, effects=0, ready=5)
+
+
 def test_a_stop_asked_for_during_a_message_finishes_it_and_gives_back_the_one_claimed_ahead(
         queue: Queue, handler: Handler, db_path: Path) -> None:
     queue.enqueue_jsonl(FIVE)
