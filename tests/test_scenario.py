@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from observe import effects, expect, ledger, reasons, row
 from queue_core import EnqueueResult
 from queue_core.lab.story.demo import DemoReport, run_scenario
@@ -54,3 +56,20 @@ def test_the_scenario_file_read_back_holds_each_effect_once_and_the_right_genera
     assert [r[3] for r in reasons(db, "E0004")] == [
         "enqueued", "claimed", "invalid_payload", "redrive", "claimed", "invalid_payload",
         "redrive", "claimed", "completed"]
+
+
+def test_the_scenario_played_again_on_its_queue_is_refused_and_changes_nothing(
+        tmp_path: Path) -> None:
+    # A second run of notebook 00's cell replayed onto the same file: every line a
+    # duplicate, nothing due, and a bare AssertionError from inside the lab.
+    run_scenario(tmp_path, say=lambda text: None)
+    db = tmp_path / "demo.sqlite3"
+    before = db.read_bytes()
+
+    with pytest.raises(ValueError, match=r"^the reference scenario starts on a new, empty queue, "
+                       r"and demo\.sqlite3 already holds 4 messages \(the scenario was played "
+                       r"on it before\): make a new one"):
+        run_scenario(tmp_path, say=lambda text: None)
+
+    assert db.read_bytes() == before
+    assert ledger(db) == expect(total=20000, effects=4, done=4)

@@ -6,8 +6,8 @@ calls of ``Queue`` (its reading half ``QueueViews`` included) and the
 helpers ``queue_core`` exports from ``worker``, and each call's signature is
 read from the function itself. Only the words of each row live here, in
 ``ROWS``. ``summary_card()`` refuses to draw a card while a call has no row
-or a row names a call that is gone, so a grown package cannot leave the
-card behind. The rejection codes of a batch are read from the table in
+or a row names a call that is gone, so a grown package cannot leave a call
+off the card (a test holds each row's codes to its call's documentation). The rejection codes of a batch are read from the table in
 ``queue_core.ingest``'s documentation.
 """
 
@@ -163,7 +163,7 @@ ROWS: dict[str, Row] = {
         "the audit accepts; never the owner of the journal's last row",
         "payload dropped (its SHA-256 stays), journal rows replaced by one compacted record; "
         "key, effect and money kept forever; freed pages given back (`Pruned`)",
-        (), "`ValueError` for a negative or non-integer `older_than`"),
+        (), "`ValueError` for a negative or non-integer `older_than`, or a `batch_size` below 1"),
     "migrate": Row(
         "what `queue-core migrate` runs (also `queue_core.migrate(path)`): one transaction per "
         "schema version, the version read again inside it (a second "
@@ -212,11 +212,14 @@ ROWS: dict[str, Row] = {
         "(`release`) the one claimed ahead, and whatever ends it leaves no lease held "
         "(`on_given_back` hears of one already lost); returns the outcomes (`Outcome`)",
         HELPER_ERRORS,
-        HELPER_NOTE + "; `ValueError` for a negative `max_messages`"),
+        HELPER_NOTE + "; `ValueError` for a negative `max_messages`, or a `batch_size` below 1"),
 }
 
 # The calls that are not transitions: how the others meet the database.
 HOOKS = ("session", "connection", "transaction", "fence")
+# The calls that open a queue or upgrade it, and read what it was created with: they work
+# on a queue of an earlier schema version, which every write refuses (``schema_too_old``).
+OPENING = ("id_rule", "migrate")
 
 
 class CardOutOfDate(Exception):
@@ -258,9 +261,12 @@ def parts() -> list[Part]:
     order = list(ROWS)  # the rows' own order; a call without a row comes last
     calls = sorted(public_calls(), key=lambda name: order.index(name) if name in ROWS else len(order))
     reads = tuple(name for name in calls if name in public_calls(QueueViews))
-    writes = ("__init__", *(n for n in calls if n not in reads and n not in HOOKS))
+    opening = ("__init__", *(n for n in calls if n in OPENING))
+    writes = tuple(n for n in calls if n not in reads and n not in HOOKS and n not in opening)
     helpers = tuple(worker_helpers())
     return [
+        Part("Opening", "These work on a queue of any schema version this version opens: an "
+             "earlier one is opened and read as it is, and `migrate` upgrades it.", opening),
         Part("Writes", "Each is one `BEGIN IMMEDIATE` transaction and journals its state changes "
              "in `transitions` inside that same transaction (the heartbeat changes no state). "
              "On a queue of an earlier schema version, which the reads read as it is, each is "

@@ -91,8 +91,9 @@ def _plot_steps(ax: Any, journal: "pd.DataFrame", frame: "pd.DataFrame", names: 
     _lanes(ax, lanes)
     ax.set_xlabel("step in commit order (journal); every step at the same model second")
     turns = consumer_turns(journal, frame)
-    said = (f"{turns} change{'' if turns == 1 else 's'} of turn" if turns else
-            "no change of turn: one process won the lock first and kept it to the end")
+    said = (f"the write lock changed hands {turns} time{'' if turns == 1 else 's'}" if turns
+            else "the write lock never changed hands: one process won it first and kept it to "
+                 "the end")
     ax.set_title(f"one writer at a time, in the order SQLite committed: {said}", fontsize=10)
     ax.legend(handles=[Line2D([], [], ls="", marker="o", color=STATE_COLORS[State.LEASED],
                               label="claim (to leased)"),

@@ -45,6 +45,12 @@ def play_scenario(db: str, say: Callable[[str], None] = print) -> DemoReport:
     clock = ModelClock(START)
     queue = Queue(db, clock=clock, lease_seconds=LEASE_SECONDS)
     handler = Handler()
+    held = sum(queue.status().states.values())
+    if held:  # played before: its story (and its crash) cannot happen twice on one queue
+        raise ValueError(f"the reference scenario starts on a new, empty queue, and "
+                         f"{queue.store.describe()} already holds {held} messages (the "
+                         "scenario was played on it before): make a new one (run again the "
+                         "cell that made its folder or schema), then play the scenario")
 
     first = queue.enqueue_jsonl(DEMO_JSONL)
     say(f"t={clock.now()} enqueue 5 lines: {first.inserted} messages, {first.duplicates} duplicate")
