@@ -218,11 +218,18 @@ def test_a_queue_opened_on_a_connection_string_that_is_no_url_names_it_without_t
         "postgresql://(a connection string that is not a valid URL)"
 
 
+PART = "(a part of the connection string)"
+
+
 @pytest.mark.parametrize(("dsn", "said"), [
     (LEARNER + "@[::1/db", "postgresql://(a connection string that is not a valid URL): end of "
-     "string reached when looking for matching \"]\" in IPv6 host address in URI: \"(the "
-     "connection string)\""),
-    (LEARNER + "@h/db?foo=bar", "postgresql://h/db: invalid URI query parameter: \"foo\"")])
+     f"string reached when looking for matching {PART} in IPv6 host address in URI: {PART}"),
+    (LEARNER + "@h/db?foo=bar", f"postgresql://h/db: invalid URI query parameter: {PART}"),
+    # a % that is no escape: libpq quotes the part it was decoding, the password itself
+    ("postgresql://learner:tiger%zzlily@h/db?x=1",
+     f"postgresql://h/db: invalid percent-encoded token: {PART}"),
+    ("postgresql://h/db?password=tiger%zzlily&x=1",
+     f"postgresql://h/db: invalid percent-encoded token: {PART}")])
 def test_a_connection_string_libpq_cannot_parse_is_refused_without_its_password(
         scratch: Path, dsn: str, said: str) -> None:
     # Through the API the first raised psycopg's own error, which quoted the string,
@@ -233,7 +240,7 @@ def test_a_connection_string_libpq_cannot_parse_is_refused_without_its_password(
     if "?" in dsn:  # a URL, so the command line hands it on to libpq
         refused = run(scratch, "--db", dsn, "status")
         assert (refused.returncode, refusal(refused)) == (1, f"error: cannot_connect: {said}")
-        assert "tiger-lily" not in refused.stderr
+        assert "tiger" not in refused.stderr
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a file name of bytes that are not UTF-8 "

@@ -102,6 +102,16 @@ class PostgresStore:
         (``session.READING_SETTINGS``)."""
         try:
             given = given_options(self.target)  # libpq's parser: a malformed string fails here
+        except psycopg.Error as exc:
+            # libpq quotes what it could not read, the whole string or a part of it (a
+            # password with a % that is no escape): the password and every quoted part
+            # are left out
+            said = one_line(exc)
+            for secret in (self.target, *_passwords(self.target)):
+                said = said.replace(secret, "")
+            said = re.sub(r'"[^"]*"', "(a part of the connection string)", said)
+            raise UnusableFile("cannot_connect", f"{self.describe()}: {said}") from None
+        try:
             raw = psycopg.connect(self.target, autocommit=True,
                                   connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                   options=session_options(given, reading=reading),
@@ -115,7 +125,6 @@ class PostgresStore:
                 for setting in settings:
                     raw.execute(f"SET {setting}")
         except psycopg.Error as exc:
-            # libpq quotes a string it cannot parse whole, password and all
             said = one_line(exc).replace(self.target, "(the connection string)")
             raise UnusableFile("cannot_connect", f"{self.describe()}: {said}") from None
         return PgConnection(raw, self.describe())
@@ -355,3 +364,11 @@ class DatabaseClock:
 
     def __repr__(self) -> str:
         return f"DatabaseClock({PostgresStore(self.dsn).describe()!r})"
+
+
+def _passwords(dsn: str) -> list[str]:
+    """The passwords a connection string may carry, as written: in its user part
+    (``USER:PASSWORD@``) and in a ``password=`` parameter, without parsing it."""
+    user = dsn.partition("://")[2].split("/", 1)[0].rpartition("@")[0]
+    found = [user.partition(":")[2], *re.findall(r"[?&]password=([^&]*)", dsn)]
+    return [secret for secret in found if secret]
