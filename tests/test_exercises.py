@@ -237,6 +237,27 @@ def test_exercise_4_both_refusals_on_one_side_of_the_redrive_are_not_quite(
         assert figures(queue.path) == (3000, 1, {"done": 1})
 
 
+def test_exercise_4_a_refusal_read_ready_before_the_redrive_is_before_it(tmp_path: Path) -> None:
+    # W2 gives E0004 back (ready, generation 2) before W1's first late ACK; W3 sends it
+    # dead, and the redrive keeps generation 3: ready at generation 2 came before it.
+    queue, handler = exercises.start_4(tmp_path), Handler()
+    w1 = queue.claim()
+    queue.clock.advance(2)  # type: ignore[attr-defined]
+    queue.release(queue.claim())
+    before = (w1, refused(lambda: queue.complete(w1, handler)))
+    finish(queue, queue.claim(), handler)
+    queue.redrive("E0004")
+    newer = handler.supporting("toy")
+    w4 = queue.claim()
+    after = (w1, refused(lambda: queue.complete(w1, newer)))
+    queue.complete(w4, newer)
+
+    assert [(p[1].stored_state, p[1].stored_generation) for p in (before, after)] == [
+        ("ready", 2), ("leased", 4)]
+    assert exercises.check_4(queue, before, after).status == SOLVED
+    assert figures(queue.path) == (3000, 1, {"done": 1})
+
+
 def test_exercise_4_played_with_batch_claims_and_acks_is_solved_too(tmp_path: Path) -> None:
     """EXERCISES.md, going further: claim_batch and complete_batch, whose refusals
     come back in the result list instead of being raised."""

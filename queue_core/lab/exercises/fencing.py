@@ -116,7 +116,10 @@ def _when(label: str, lease: Lease, error: Any, redrive: Transition, found: Find
     if state is None or generation is None:
         return  # a refusal that read nothing (an Effect, or another code: said already)
     seen = f"{lease.event_id} was {state}, generation {generation}, when it came"
-    before = state != "ready" and generation <= redrive.generation
+    # ready at the redrive's generation: redriven, not yet claimed again (a message made
+    # ready otherwise, a release say, and claimed again since, is at an earlier one)
+    before = generation < redrive.generation or (generation == redrive.generation
+                                                 and state != "ready")
     if label == _BEFORE and not before:
         found.add(f"{label}: that refusal was taken after the redrive ({seen})",
                   "keep the refusal of W1's first late ACK, tried while W2 held E0004 or "
