@@ -41,7 +41,7 @@ from .stores import open_store
 from .priority import DEFAULT_PRIORITY, require_priority
 from .transitions import (CLAIM, CLAIMED_ORDER, DUE, EXTEND, FAIL, RECOVER, REDRIVE, RELEASE,
                           explain_miss, picking, write_journal)
-from .values import EnqueueResult, Lease, Outcome, State
+from .values import EnqueueResult, Lease, Outcome, State, require_positive
 from .acks import QueueAcks, _by_event_id, _leases, _require_lease
 from .views import QueueViews
 
@@ -109,10 +109,10 @@ class Queue(QueueAcks, QueueViews):
                  lease_seconds: int = 30, max_attempts: int = 3,
                  synchronous: str = "FULL", fsync_claims: bool = False,
                  create: bool = True, ids: str | None = None) -> None:
-        _require_positive("lease_seconds", lease_seconds)
+        require_positive("lease_seconds", lease_seconds)
         if ids is not None:
             require_rule(ids)
-        _require_positive("max_attempts", max_attempts)
+        require_positive("max_attempts", max_attempts)
         if synchronous not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}, got {synchronous!r}")
         self.store = open_store(path)
@@ -285,7 +285,7 @@ class Queue(QueueAcks, QueueViews):
 
     def claim_batch(self, limit: int) -> list[Lease]:
         """Lease up to ``limit`` messages in one ``BEGIN IMMEDIATE`` transaction."""
-        _require_positive("limit", limit)
+        require_positive("limit", limit)
         # Durability: a claim commits without an fsync of its own (WAL at
         # synchronous=NORMAL for this one transaction). A process crash loses
         # no written frame: the OS holds it. A power loss may drop the claim,
@@ -330,7 +330,7 @@ class Queue(QueueAcks, QueueViews):
         may already have handed the message to another worker.
         """
         _require_lease(lease)
-        _require_positive("seconds", seconds)
+        require_positive("seconds", seconds)
         with self.transaction() as conn:
             now = self.clock.now()
             until = now + seconds
@@ -448,6 +448,3 @@ def _stored_digests(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str,
             for event_id, row in _by_event_id(conn, "payload_sha256", event_ids).items()}
 
 
-def _require_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -68,7 +68,7 @@ from .priority import CLAIM_ORDER
 from .sqlite import (BUSY_TIMEOUT_SECONDS, CHECKPOINT_PAGES, SQLITE_BUSY, data_version,
                      polling)
 from .audit import EffectRow
-from .values import Message, State, Transition
+from .values import Message, State, Transition, require_positive
 
 from .clock import Clock
 from .stores import Store
@@ -188,8 +188,7 @@ def prune(queue: Queue, older_than: int, *, batch_size: int) -> Pruned:
     if isinstance(older_than, bool) or not isinstance(older_than, int) or older_than < 0:
         raise ValueError(f"older_than must be a whole number of seconds, 0 or more, "
                          f"got {older_than!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    require_positive("batch_size", batch_size)
     queue._require_current_schema()  # before the first read of what schema 2 added
     now = queue.clock.now()
     # An age before the clock's first second prunes nothing; kept within the

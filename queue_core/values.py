@@ -214,3 +214,10 @@ def _repr_shown(value: Any) -> str:
     shown = [f"{item.name}={getattr(value, item.name)!r}" for item in fields(value)
              if item.name != "priorities" or getattr(value, item.name)]
     return f"{type(value).__name__}({', '.join(shown)})"
+
+
+def require_positive(name: str, value: object) -> None:
+    """Refuse (``ValueError``, naming the argument) a ``value`` that is not a whole
+    number of 1 or more: a bool is not one, though Python counts it as an int."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

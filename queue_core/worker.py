@@ -12,7 +12,7 @@ from .errors import (InvalidPayload, LeaseLost, LockTimeout, PayloadDiffers, Que
                      TransientError, UnknownEvent)
 from .handler import Handler
 from .queue import Queue
-from .values import Effect, Lease, Outcome
+from .values import Effect, Lease, Outcome, require_positive
 
 # What ``drain`` tells of each lease it gave back (``None``) or found already lost.
 GivenBack = Callable[[Lease, "LeaseLost | UnknownEvent | None"], None]
@@ -139,8 +139,7 @@ def drain(queue: Queue, handler: Handler, *, batch_size: int = 1,
     if max_messages is not None and (isinstance(max_messages, bool)
                                      or not isinstance(max_messages, int) or max_messages < 0):
         raise ValueError(f"max_messages must be a non-negative integer, got {max_messages!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    require_positive("batch_size", batch_size)
     stopping = stop or _never
     notify = on_given_back or _ignore
     outcomes: list[Outcome] = []

@@ -135,7 +135,7 @@ def inspect(path: str | os.PathLike[str]) -> str:
         raise UnusableFile("not_a_database", f"{name} is a folder, not a file") from None
     if not header:
         return "new"
-    if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+    if len(header) < 100 or not header.startswith(_DATABASE_HEADER):
         raise UnusableFile("not_a_database", f"{name} is not a SQLite database; "
                            "the queue writes only to its own files")
     application_id, version = _identity(name, header)
