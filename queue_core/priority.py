@@ -12,13 +12,14 @@ Why a head start, and not strict priority: under strict priority a steady
 stream of urgent messages starves every other one, for as long as it lasts
 (River, Oban and procrastinate order strictly; chapter 15's "How does the
 real world do it?" gives the sources). A head start bounds what can overtake
-a message of priority ``p`` due at ``t``: only a message of a higher priority
-``q`` due at most ``(q - p) * 60`` seconds after it, so at most
+a message of priority ``p`` due at ``t``: only a message of a priority ``q``
+at least ``p`` due at most ``(q - p) * 60`` seconds after it, so at most
 ``(9 - p) * 60`` (at exactly that gap the two keys are equal, and the event
-ids decide). So its wait is at most the time it takes the workers to finish
-what is keyed before it: the messages already ahead at ``t`` and those of a
-higher priority that become due from ``t`` to ``t + (9 - p) * 60``
-(``wait_bound``). Whatever the load, that set is finite.
+ids decide: one of its own priority overtakes it only in the second ``t``,
+with a smaller event id). So its wait is at most the time it takes the
+workers to finish what is keyed before it: the messages already ahead at
+``t`` and those that can still overtake it, due from ``t`` to
+``t + (9 - p) * 60`` (``wait_bound``). Whatever the load, that set is finite.
 
 What a priority does not change: a message is never claimed before it is due
 (``available_at <= now``: backoff holds for an urgent message too), and the

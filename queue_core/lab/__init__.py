@@ -22,7 +22,9 @@ it is protocol. It is grouped the way the course is read, and each part's
 - ``exercises``: ``start_N`` and ``check_N`` (09).
 
 Layers: ``plots`` and ``servers`` use only the engine; ``story`` uses the
-engine; ``sweeps``, ``speed``, ``broker`` and ``lifetime`` use those below them; the
+engine; ``sweeps``, ``speed``, ``broker`` and ``lifetime`` use those below them (and
+``sweeps`` and ``speed`` one module of each other: the power-loss recording, the slow-disk
+shim); the
 exercises use any of them. Importing a part imports neither pandas,
 matplotlib, psycopg nor redis: a plot loads the first two when it is drawn,
 ``DatabaseClock`` the third when it is first named, a broker the fourth
