@@ -226,7 +226,7 @@ PART = "(a part of the connection string)"
      f"string reached when looking for matching {PART} in IPv6 host address in URI: {PART}"),
     (LEARNER + "@h/db?foo=bar", f"postgresql://h/db: invalid URI query parameter: {PART}"),
     # a % that is no escape: libpq quotes the part it was decoding, the password itself
-    ("postgresql://learner:tiger%zzlily@h/db?x=1",
+    ("postgresql://learner:" + "tiger%zzlily@h/db?x=1",
      f"postgresql://h/db: invalid percent-encoded token: {PART}"),
     ("postgresql://h/db?password=tiger%zzlily&x=1",
      f"postgresql://h/db: invalid percent-encoded token: {PART}")])
