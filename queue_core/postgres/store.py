@@ -104,11 +104,12 @@ class PostgresStore:
             given = given_options(self.target)  # libpq's parser: a malformed string fails here
         except psycopg.Error as exc:
             # libpq quotes what it could not read, the whole string or a part of it (a
-            # password with a % that is no escape): the password and every quoted part
-            # are left out
-            said = one_line(exc)
-            for secret in (self.target, *_passwords(self.target)):
-                said = said.replace(secret, "")
+            # password with a % that is no escape): every quoted part is left out, and
+            # first a password with a quote of its own, which would end one early
+            said = one_line(exc).replace(self.target, "")
+            for secret in _passwords(self.target):
+                if '"' in secret:
+                    said = said.replace(secret, "")
             said = re.sub(r'"[^"]*"', "(a part of the connection string)", said)
             raise UnusableFile("cannot_connect", f"{self.describe()}: {said}") from None
         try:

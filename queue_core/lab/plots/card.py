@@ -7,7 +7,8 @@ helpers ``queue_core`` exports from ``worker``, and each call's signature is
 read from the function itself. Only the words of each row live here, in
 ``ROWS``. ``summary_card()`` refuses to draw a card while a call has no row
 or a row names a call that is gone, so a grown package cannot leave a call
-off the card (a test holds each row's codes to its call's documentation). The rejection codes of a batch are read from the table in
+off the card (a test holds each row's codes to its call's documentation).
+The rejection codes of a batch are read from the table in
 ``queue_core.ingest``'s documentation.
 """
 
